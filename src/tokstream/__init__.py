@@ -1,0 +1,24 @@
+"""tokstream: exact, fast ``(context windows, next tokens)`` micro-batches for LM training.
+
+The fast path (:func:`stream_token_source`) yields byte-identical batches to the pure-NumPy
+reference (:func:`tokstream.reference.stream_token_source`), assembling them with a compiled
+kernel instead of one ``np.stack`` per batch.
+"""
+
+try:
+    from tokstream import _windows
+except ImportError as exc:  # pragma: no cover - exercised only by a broken install
+    raise ImportError(
+        "tokstream's compiled kernel (tokstream._windows) could not be imported. tokstream has "
+        "no pure-Python fallback: install a wheel, or build from source with a C compiler "
+        "(`pip install .`). Original error: " + str(exc)
+    ) from exc
+
+from tokstream.corpus import Corpus
+from tokstream.stream import TokenStream, stream_token_source
+
+__version__ = "0.1.0"
+
+__all__ = ["Corpus", "TokenStream", "__version__", "stream_token_source"]
+
+del _windows

@@ -1,0 +1,247 @@
+"""Every input rule of tokstream, shared by the fast path and the reference path.
+
+The compiled kernel runs without bounds checks, so these functions are the only thing standing
+between a caller's input and an out-of-range read: whatever they return is a 1-D, C-contiguous,
+native-byte-order integer array whose every value is a lossless int64, and plain Python ints for
+the controls. TypeError means "wrong kind of thing", ValueError "right kind, wrong value"; every
+message names the argument and the offending value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+INT64_MIN = int(np.iinfo(np.int64).min)
+INT64_MAX = int(np.iinfo(np.int64).max)
+SEED_MAX = 2**32 - 1
+
+# Floats compare against these exact powers of two: float(INT64_MAX) rounds up to 2**63, which
+# is one past the int64 range, so "> INT64_MAX" would let 2**63 through.
+_FLOAT_INT64_LOW = -(2.0**63)
+_FLOAT_INT64_HIGH = 2.0**63
+
+# Integer dtypes the kernel reads in place. Any other integer dtype (there are none on common
+# platforms) is converted to int64 once.
+KERNEL_DTYPES = frozenset(
+    np.dtype(t)
+    for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
+)
+
+# Values are scanned in chunks of this many elements so that validating a memory map or a huge
+# float corpus never builds a whole-corpus temporary.
+SCAN_CHUNK = 1 << 20
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalar controls
+
+
+def exact_int(value: Any, name: str) -> int:
+    """Return ``value`` as a plain ``int``; reject bools, non-numbers and inexact floats.
+
+    Truncating ``block=3.7`` to 3 would silently change what is streamed, so a float is accepted
+    only when it holds an exact integer.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int, got bool {value!r}")
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        if not np.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value!r}")
+        as_int = int(value)
+        if value != as_int:
+            raise ValueError(f"{name} must be an exact integer, got {value!r}")
+        return as_int
+    raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+
+
+def positive_int(value: Any, name: str) -> int:
+    """An exact int >= 1 (``block`` and ``batch_size`` have no zero-work case)."""
+    as_int = exact_int(value, name)
+    if as_int <= 0:
+        raise ValueError(f"{name} must be positive, got {as_int}")
+    return as_int
+
+
+def nonnegative_int(value: Any, name: str) -> int:
+    """An exact int >= 0 (``epochs=0`` is an explicit no-op)."""
+    as_int = exact_int(value, name)
+    if as_int < 0:
+        raise ValueError(f"{name} must be nonnegative, got {as_int}")
+    return as_int
+
+
+def seed_int(value: Any, name: str = "seed") -> int:
+    """An exact int in ``[0, 2**32)``, the range ``numpy.random.RandomState`` accepts."""
+    as_int = nonnegative_int(value, name)
+    if as_int > SEED_MAX:
+        raise ValueError(f"{name} must be at most 2**32 - 1 = {SEED_MAX}, got {as_int}")
+    return as_int
+
+
+def exact_bool(value: Any, name: str) -> bool:
+    """A real bool: ``shuffle="false"`` from a config file must not mean "shuffle"."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+
+
+def choice(value: Any, name: str, allowed: Iterable[str]) -> str:
+    """One of a fixed set of option strings."""
+    allowed = tuple(allowed)
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {allowed}, got {value!r} ({type(value).__name__})")
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Token arrays
+
+
+def token_array(token_ids: Any, name: str = "token_ids") -> np.ndarray:
+    """Validate ``token_ids`` and return it as a 1-D array the kernel can read in place.
+
+    Integer arrays keep their dtype and are not copied when already C-contiguous in native byte
+    order (a non-contiguous or byte-swapped array is copied once). Float arrays holding exact
+    integers, and Python sequences, are converted once to int64. Every value of the result is a
+    lossless int64.
+
+    Raises
+    ------
+    TypeError
+        A masked array, or a dtype that is not integer or floating (bool, complex, object,
+        strings, datetimes), even when empty; a sequence holding a bool or a non-number.
+    ValueError
+        Not 1-D; a NaN or infinity; a fractional value; a value outside the int64 range.
+    """
+    if isinstance(token_ids, np.ma.MaskedArray):
+        raise TypeError(f"{name} must not be a masked array: its mask would be silently ignored")
+    if isinstance(token_ids, np.ndarray):
+        ids = token_ids
+    else:
+        ids = _sequence_to_array(token_ids, name)
+    if ids.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of token ids, got shape {ids.shape}")
+    if np.issubdtype(ids.dtype, np.integer):
+        return _integer_tokens(ids, name)
+    if np.issubdtype(ids.dtype, np.floating):
+        return _float_tokens(ids, name)
+    raise TypeError(
+        f"{name} must be an integer or floating array of token ids, got dtype {ids.dtype}"
+    )
+
+
+def _sequence_to_array(token_ids: Any, name: str) -> np.ndarray:
+    """Convert a non-array input without NumPy's lossy guesses.
+
+    ``np.asarray([-1, 2**63])`` is a float64 array holding 2**63, ``[0.0, 2**53 + 1]`` rounds
+    the int, and ``[True, 5]`` quietly becomes ``[1, 5]``. A flat list or tuple is therefore
+    checked element by element; other array-likes go through ``np.asarray`` and the array rules.
+    """
+    try:
+        ids = np.asarray(token_ids)
+    except (OverflowError, ValueError) as exc:
+        raise ValueError(f"{name} could not be read as a 1-D array of token ids: {exc}") from None
+    if not isinstance(token_ids, (list, tuple)) or ids.ndim != 1:
+        return ids
+    if ids.dtype.kind in "iu" and ids.dtype != np.uint64:
+        for i, value in enumerate(token_ids):
+            if isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{name}[{i}] is a bool ({value!r}); token ids must be integers")
+        return ids
+    return _checked_python_ints(token_ids, name)
+
+
+def _checked_python_ints(values: Any, name: str) -> np.ndarray:
+    out = np.empty(len(values), dtype=np.int64)
+    for i, value in enumerate(values):
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name}[{i}] is a bool ({value!r}); token ids must be integers")
+        if isinstance(value, (int, np.integer)):
+            as_int = int(value)
+        elif isinstance(value, (float, np.floating)):
+            if not np.isfinite(value):
+                raise ValueError(f"{name}[{i}] is not finite ({value!r}); token ids must be finite")
+            if value != np.trunc(value):
+                raise ValueError(f"{name}[{i}] is fractional ({value!r}); token ids must be exact")
+            if not _FLOAT_INT64_LOW <= value < _FLOAT_INT64_HIGH:
+                raise ValueError(f"{name}[{i}] = {value!r} is outside the int64 range")
+            as_int = int(value)
+        else:
+            raise TypeError(
+                f"{name}[{i}] must be an integer token id, got {value!r} ({type(value).__name__})"
+            )
+        if not INT64_MIN <= as_int <= INT64_MAX:
+            raise ValueError(f"{name}[{i}] = {as_int} is outside the int64 range")
+        out[i] = as_int
+    return out
+
+
+def _native_contiguous(ids: np.ndarray) -> np.ndarray:
+    if not ids.dtype.isnative:
+        ids = ids.astype(ids.dtype.newbyteorder("="))
+    return np.ascontiguousarray(ids)
+
+
+def _integer_tokens(ids: np.ndarray, name: str) -> np.ndarray:
+    if ids.dtype.newbyteorder("=") not in KERNEL_DTYPES:
+        ids = ids.astype(np.int64)
+    ids = _native_contiguous(ids)
+    if ids.dtype == np.uint64:
+        for chunk in _chunks(ids):
+            high = int(chunk.max())
+            if high > INT64_MAX:
+                raise ValueError(
+                    f"{name} contains values outside the int64 range: max={high} > {INT64_MAX}"
+                )
+    return ids
+
+
+def _float_tokens(ids: np.ndarray, name: str) -> np.ndarray:
+    out = np.empty(ids.shape[0], dtype=np.int64)
+    start = 0
+    for chunk in _chunks(ids):
+        if not np.all(np.isfinite(chunk)):
+            raise ValueError(
+                f"{name} contains non-finite values (NaN/inf); token ids must be finite integers"
+            )
+        if not np.array_equal(chunk, np.trunc(chunk)):
+            raise ValueError(
+                f"{name} contains non-integer (fractional) values; token ids must be exact integers"
+            )
+        if np.any(chunk < _FLOAT_INT64_LOW) or np.any(chunk >= _FLOAT_INT64_HIGH):
+            raise ValueError(
+                f"{name} contains values outside the int64 range "
+                f"(min={chunk.min()!r}, max={chunk.max()!r})"
+            )
+        out[start : start + chunk.shape[0]] = chunk
+        start += chunk.shape[0]
+    return out
+
+
+def _chunks(ids: np.ndarray):
+    for start in range(0, ids.shape[0], SCAN_CHUNK):
+        yield ids[start : start + SCAN_CHUNK]
+
+
+# ---------------------------------------------------------------------------------------------
+# The spec's controls, in the spec's order
+
+
+def stream_controls(
+    block: Any, batch_size: Any, epochs: Any, shuffle: Any, seed: Any
+) -> tuple[int, int, int, bool, int]:
+    """Validate ``block, batch_size, epochs, shuffle, seed`` exactly as both paths must."""
+    return (
+        positive_int(block, "block"),
+        positive_int(batch_size, "batch_size"),
+        nonnegative_int(epochs, "epochs"),
+        exact_bool(shuffle, "shuffle"),
+        seed_int(seed, "seed"),
+    )

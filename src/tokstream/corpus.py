@@ -1,0 +1,136 @@
+"""A validated token corpus: one or more shards and the window index space over them.
+
+A shard is an independent token stream (a document, a file): windows never cross from one shard
+into the next. For a given ``block`` shard ``j`` of length ``L_j`` holds ``max(L_j - block, 0)``
+windows, and the corpus' window index space is the concatenation of its shards' windows, so a
+single-shard corpus has exactly the reference's ``len(token_ids) - block`` windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tokstream import _validate
+from tokstream._windows import gather_windows
+
+
+class Corpus:
+    """Validated shards of token ids, read in place by the kernel.
+
+    Parameters
+    ----------
+    shards
+        A sequence of 1-D token arrays (or anything :func:`tokstream._validate.token_array`
+        accepts). Every shard must end up with the same dtype: mixing, say, uint16 and uint32
+        shards is a ValueError, since it almost always means two tokenizers.
+    name
+        What error messages call the input.
+
+    Notes
+    -----
+    Integer shards keep their dtype and are not copied (memory maps stay memory maps); float
+    shards are converted to int64 once. The arrays are referenced, not owned: mutating one while a
+    stream reads it changes the windows that stream yields from then on.
+    """
+
+    def __init__(self, shards: Sequence[Any], name: str = "shards") -> None:
+        if isinstance(shards, (np.ndarray, str, bytes)) or not isinstance(shards, Sequence):
+            raise TypeError(
+                f"{name} must be a sequence of 1-D token arrays, got {type(shards).__name__}"
+            )
+        arrays = tuple(
+            _validate.token_array(shard, f"{name}[{i}]") for i, shard in enumerate(shards)
+        )
+        if not arrays:
+            raise ValueError(f"{name} must hold at least one shard")
+        dtypes = sorted({str(a.dtype) for a in arrays})
+        if len(dtypes) > 1:
+            raise ValueError(f"{name} mix token dtypes {dtypes}; every shard must have one dtype")
+        self.shards: tuple[np.ndarray, ...] = arrays
+        self.lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+
+    @classmethod
+    def from_tokens(cls, token_ids: Any, name: str = "token_ids") -> Corpus:
+        """One shard; a :class:`Corpus` is passed through unchanged."""
+        if isinstance(token_ids, Corpus):
+            return token_ids
+        corpus = cls.__new__(cls)
+        array = _validate.token_array(token_ids, name)
+        corpus.shards = (array,)
+        corpus.lengths = np.array([array.shape[0]], dtype=np.int64)
+        return corpus
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype every shard is stored in."""
+        return self.shards[0].dtype
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in all shards together."""
+        return int(self.lengths.sum())
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def __repr__(self) -> str:
+        return f"Corpus(shards={len(self.shards)}, tokens={self.num_tokens}, dtype={self.dtype})"
+
+    def window_offsets(self, block: int) -> np.ndarray:
+        """``offsets[j]`` = index of shard ``j``'s first window; ``offsets[-1]`` = window count."""
+        per_shard = np.maximum(self.lengths - block, 0)
+        offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
+        np.cumsum(per_shard, out=offsets[1:])
+        return offsets
+
+    def num_windows(self, block: int) -> int:
+        """How many ``(block + 1)``-token windows the corpus holds."""
+        return int(np.maximum(self.lengths - block, 0).sum())
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a resumable state must match: shard lengths and dtype, never the tokens."""
+        return {"dtype": str(self.dtype), "shard_lengths": [int(n) for n in self.lengths]}
+
+
+class WindowGather:
+    """Copies windows, given by global window index, out of a corpus for a fixed ``block``.
+
+    Global index ``w`` is window ``w - offsets[j]`` of the shard ``j`` it falls in. Every index
+    handed to :meth:`__call__` must lie in ``[0, num_windows)``; the stream guarantees it.
+    """
+
+    def __init__(self, corpus: Corpus, block: int) -> None:
+        self.corpus = corpus
+        self.block = block
+        self.offsets = corpus.window_offsets(block)
+        self.num_windows = int(self.offsets[-1])
+        self._single = corpus.shards[0] if len(corpus.shards) == 1 else None
+
+    def __call__(
+        self,
+        starts: np.ndarray,
+        windows: np.ndarray,
+        next_tokens: np.ndarray | None = None,
+        targets: np.ndarray | None = None,
+    ) -> None:
+        """Fill ``windows`` (and ``next_tokens`` or ``targets``) for global window ``starts``."""
+        if self._single is not None:
+            # A window index w < len - block is also its start position, so start + block is a
+            # valid token index.
+            gather_windows(self._single, starts, windows, next_tokens, targets)
+            return
+        shard_of = np.searchsorted(self.offsets, starts, side="right") - 1
+        order = np.argsort(shard_of, kind="stable")
+        sorted_shards = shard_of[order]
+        boundaries = np.flatnonzero(np.diff(sorted_shards)) + 1
+        for group in np.split(order, boundaries):
+            if group.shape[0] == 0:
+                continue
+            shard = int(shard_of[group[0]])
+            local_starts = starts[group] - self.offsets[shard]
+            gather_windows(
+                self.corpus.shards[shard], local_starts, windows, next_tokens, targets, group
+            )
