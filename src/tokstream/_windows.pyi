@@ -1,0 +1,24 @@
+"""Stubs for the compiled kernel ``tokstream._windows`` (see ``_windows.pyx``)."""
+
+import numpy as np
+import numpy.typing as npt
+
+DEBUG_BUILD: bool
+PREFETCH_DISTANCE: int
+
+def gather_windows(
+    tokens: npt.NDArray[np.integer],  # const token_t[::1], any of the 8 fixed-width int dtypes
+    starts: npt.NDArray[np.int64],  # const int64_t[:]
+    windows: npt.NDArray[np.int64],  # int64_t[:, ::1], shape (b, block)
+    next_tokens: npt.NDArray[np.int64] | None = ...,  # int64_t[::1], shape (b,)
+    targets: npt.NDArray[np.int64] | None = ...,  # int64_t[:, ::1], shape (b, block)
+    rows: npt.NDArray[np.int64] | None = ...,  # const int64_t[:]
+) -> None: ...
+def permuted_positions(
+    out: npt.NDArray[np.int64],  # int64_t[::1]
+    first: int,  # int64_t
+    stride: int,  # int64_t
+    n: int,  # int64_t
+    half_bits: int,  # int
+    keys: npt.NDArray[np.uint64],  # const uint64_t[::1]
+) -> None: ...
