@@ -47,7 +47,7 @@ def exact_int(value: Any, name: str) -> int:
     """
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be an int, got bool {value!r}")
-    if isinstance(value, (int, np.integer)):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, np.timedelta64):
         return int(value)
     if isinstance(value, (float, np.floating)):
         if not np.isfinite(value):
@@ -116,7 +116,8 @@ def token_array(token_ids: Any, name: str = "token_ids") -> np.ndarray:
     ------
     TypeError
         A masked array, or a dtype that is not integer or floating (bool, complex, object,
-        strings, datetimes), even when empty; a sequence holding a bool or a non-number.
+        strings, datetimes, timedeltas), even when empty; a sequence holding a bool or a
+        non-number.
     ValueError
         Not 1-D; a NaN or infinity; a fractional value; a value outside the int64 range.
     """
@@ -128,9 +129,10 @@ def token_array(token_ids: Any, name: str = "token_ids") -> np.ndarray:
         ids = _sequence_to_array(token_ids, name)
     if ids.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array of token ids, got shape {ids.shape}")
-    if np.issubdtype(ids.dtype, np.integer):
+    # Kinds, not np.issubdtype: NumPy files timedelta64 under np.integer.
+    if ids.dtype.kind in "iu":
         return _integer_tokens(ids, name)
-    if np.issubdtype(ids.dtype, np.floating):
+    if ids.dtype.kind == "f":
         return _float_tokens(ids, name)
     raise TypeError(
         f"{name} must be an integer or floating array of token ids, got dtype {ids.dtype}"
@@ -163,22 +165,22 @@ def _checked_python_ints(values: Any, name: str) -> np.ndarray:
     for i, value in enumerate(values):
         if isinstance(value, (bool, np.bool_)):
             raise TypeError(f"{name}[{i}] is a bool ({value!r}); token ids must be integers")
-        if isinstance(value, (int, np.integer)):
+        if isinstance(value, (int, np.integer)) and not isinstance(value, np.timedelta64):
             as_int = int(value)
         elif isinstance(value, (float, np.floating)):
             if not np.isfinite(value):
                 raise ValueError(f"{name}[{i}] is not finite ({value!r}); token ids must be finite")
             if value != np.trunc(value):
                 raise ValueError(f"{name}[{i}] is fractional ({value!r}); token ids must be exact")
-            if not _FLOAT_INT64_LOW <= value < _FLOAT_INT64_HIGH:
-                raise ValueError(f"{name}[{i}] = {value!r} is outside the int64 range")
+            # The range is checked on the exact int below: comparing a float16 scalar with 2**63
+            # overflows (a RuntimeWarning), and float() would round a longdouble 2**63 - 1 up.
             as_int = int(value)
         else:
             raise TypeError(
                 f"{name}[{i}] must be an integer token id, got {value!r} ({type(value).__name__})"
             )
         if not INT64_MIN <= as_int <= INT64_MAX:
-            raise ValueError(f"{name}[{i}] = {as_int} is outside the int64 range")
+            raise ValueError(f"{name}[{i}] = {value!r} is outside the int64 range")
         out[i] = as_int
     return out
 

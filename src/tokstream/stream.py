@@ -127,12 +127,15 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
             return windows, targets
 
     def _advance(self) -> None:
-        self._position += self.global_batch_size
-        if self._position // self.global_batch_size >= self.batches_per_epoch:
-            self._epoch += 1
-            self._position = 0
-            self._order = None
-            self._epoch_rng_state = None
+        # The cursor moves in one statement: a KeyboardInterrupt between two of them would leave
+        # a position at the end of an epoch that has not ended, and the next batch empty.
+        position = self._position + self.global_batch_size
+        if position // self.global_batch_size >= self.batches_per_epoch:
+            self._epoch, self._position, self._order, self._epoch_rng_state = (
+                self._epoch + 1, 0, None, None
+            )
+        else:
+            self._position = position
 
     def _starts(self, first: int, count: int) -> np.ndarray:
         """Window indices at order positions ``first, first + W, ...`` (``count`` of them).
@@ -149,8 +152,16 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
             permuted_positions(starts, first, stride, self.num_windows, half_bits, keys)
             return starts
         if self._order is None:
-            self._epoch_rng_state = self._rng.get_state()
-            self._order = self._rng.permutation(self.num_windows)
+            epoch_rng_state = self._rng.get_state()
+            try:
+                order = self._rng.permutation(self.num_windows)
+            except BaseException:
+                # Ctrl-C during a long draw is delivered right after it returns: without this
+                # the generator would stay advanced, and the epoch silently drawn again from
+                # the next state.
+                self._rng.set_state(epoch_rng_state)
+                raise
+            self._order, self._epoch_rng_state = order, epoch_rng_state
         return self._order[first : first + stride * count : stride]
 
     def _feistel_keys(self) -> tuple[int, np.ndarray]:
@@ -223,7 +234,9 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         missing = {"version", "config", "epoch", "position", "rng_state"} - state.keys()
         if missing:
             raise ValueError(f"state is missing {sorted(missing)}")
-        if state["version"] != STATE_VERSION:
+        # Types are compared before values throughout: a hand-edited array would otherwise make
+        # "!=" ambiguous, and True would pass for 1.
+        if type(state["version"]) is not int or state["version"] != STATE_VERSION:
             raise ValueError(f"state version {state['version']!r} is not {STATE_VERSION}")
         saved = state["config"]
         if not isinstance(saved, dict):
@@ -231,7 +244,7 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         for key, here in self._config().items():
             if key not in saved:
                 raise ValueError(f"state['config'] is missing {key!r}")
-            if saved[key] != here or type(saved[key]) is not type(here):
+            if type(saved[key]) is not type(here) or saved[key] != here:
                 if key == "global_batch_size":
                     raise ValueError(
                         f"state was saved with world_size * batch_size = {saved[key]!r}, this "
@@ -296,14 +309,18 @@ def _decode_rng_state(encoded: Any) -> tuple:
         cached = encoded["cached_gaussian"]
     except KeyError as exc:
         raise ValueError(f"state['rng_state'] is missing {exc.args[0]!r}") from None
-    if name != "MT19937":
+    if not isinstance(name, str) or name != "MT19937":
         raise ValueError(f"state['rng_state']['bit_generator'] must be 'MT19937', got {name!r}")
     if not isinstance(key_hex, str) or len(key_hex) != 624 * 8:
         raise ValueError("state['rng_state']['key'] must be 624 words as 4992 hex digits")
     try:
-        keys = np.frombuffer(bytes.fromhex(key_hex), dtype="<u4").astype(np.uint32)
+        key_bytes = bytes.fromhex(key_hex)
     except ValueError:
         raise ValueError("state['rng_state']['key'] is not a hex string") from None
+    # bytes.fromhex skips whitespace, so 4992 characters may still be fewer than 624 words.
+    if len(key_bytes) != 624 * 4:
+        raise ValueError("state['rng_state']['key'] is not 624 words of hex digits")
+    keys = np.frombuffer(key_bytes, dtype="<u4").astype(np.uint32)
     if pos > 624:
         raise ValueError(f"state['rng_state']['pos'] must be at most 624, got {pos}")
     if has_gauss not in (0, 1) or not isinstance(cached, float):
