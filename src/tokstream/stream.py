@@ -31,7 +31,7 @@ PERMUTATIONS = ("materialized", "implicit")
 STATE_VERSION = 1
 
 _MASK64 = (1 << 64) - 1
-_FEISTEL_ROUNDS = 8
+_FEISTEL_ROUNDS = 6
 
 
 class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
@@ -145,20 +145,14 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
             return np.arange(first, first + stride * count, stride, dtype=np.int64)
         if self.permutation == "implicit":
             starts = np.empty(count, dtype=np.int64)
-            half_bits, keys = self._feistel_keys()
-            permuted_positions(starts, first, stride, self.num_windows, half_bits, keys)
+            low_bits, high_size = implicit_domain(self.num_windows)
+            keys = implicit_round_keys(self.seed, self._epoch, _FEISTEL_ROUNDS)
+            permuted_positions(starts, first, stride, self.num_windows, low_bits, high_size, keys)
             return starts
         if self._order is None:
             self._epoch_rng_state = self._rng.get_state()
             self._order = self._rng.permutation(self.num_windows)
         return self._order[first : first + stride * count : stride]
-
-    def _feistel_keys(self) -> tuple[int, np.ndarray]:
-        half_bits = 1
-        while 4**half_bits < self.num_windows:
-            half_bits += 1
-        keys = implicit_round_keys(self.seed, self._epoch, _FEISTEL_ROUNDS)
-        return half_bits, keys
 
     def close(self) -> None:
         """Stop the stream: every later ``next()`` raises StopIteration, as a closed generator."""
@@ -238,7 +232,9 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
                         f"stream has {self.world_size} * {self.batch_size} = {here}; an elastic "
                         "resume must keep the global batch size"
                     )
-                raise ValueError(f"state was saved with {key}={saved[key]!r}, this stream has {here!r}")
+                raise ValueError(
+                    f"state was saved with {key}={saved[key]!r}, this stream has {here!r}"
+                )
         epoch = _validate.nonnegative_int(state["epoch"], "state['epoch']")
         position = _validate.nonnegative_int(state["position"], "state['position']")
         if position % self.global_batch_size:
@@ -292,7 +288,9 @@ def _decode_rng_state(encoded: Any) -> tuple:
         name = encoded["bit_generator"]
         key_hex = encoded["key"]
         pos = _validate.nonnegative_int(encoded["pos"], "state['rng_state']['pos']")
-        has_gauss = _validate.nonnegative_int(encoded["has_gauss"], "state['rng_state']['has_gauss']")
+        has_gauss = _validate.nonnegative_int(
+            encoded["has_gauss"], "state['rng_state']['has_gauss']"
+        )
         cached = encoded["cached_gaussian"]
     except KeyError as exc:
         raise ValueError(f"state['rng_state'] is missing {exc.args[0]!r}") from None
@@ -309,6 +307,17 @@ def _decode_rng_state(encoded: Any) -> tuple:
     if has_gauss not in (0, 1) or not isinstance(cached, float):
         raise ValueError("state['rng_state'] has a malformed gaussian cache")
     return ("MT19937", keys, pos, has_gauss, cached)
+
+
+def implicit_domain(n: int) -> tuple[int, int]:
+    """``(low_bits, high_size)`` of the implicit permutation's domain for ``n >= 1`` windows.
+
+    The domain ``high_size * 2**low_bits`` is the smallest multiple of ``2**low_bits`` that is
+    ``>= n``, with ``2**low_bits`` about ``sqrt(n)``: it overshoots n by less than ``2**low_bits``.
+    """
+    low_bits = ((n - 1).bit_length() + 1) // 2
+    high_size = -(-n // (1 << low_bits))
+    return low_bits, high_size
 
 
 def implicit_round_keys(seed: int, epoch: int, rounds: int) -> np.ndarray:
