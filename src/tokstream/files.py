@@ -26,6 +26,7 @@ from __future__ import annotations
 import glob
 import os
 import secrets
+import tokenize
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -206,7 +207,8 @@ def _open_npy(path: Path) -> np.ndarray:
                 shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(f)
             else:
                 raise ValueError(f"unsupported .npy format version {version}")
-        except ValueError as exc:
+        except (ValueError, SyntaxError, TypeError, tokenize.TokenError) as exc:
+            # NumPy parses the header with tokenize and ast.literal_eval, whose errors leak out.
             raise ValueError(f"token file {path}: unreadable .npy header: {exc}") from None
         offset = f.tell()
     if len(shape) != 1:
