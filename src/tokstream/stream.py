@@ -74,6 +74,7 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         self.permutation = _validate.choice(permutation, "permutation", PERMUTATIONS)
 
         self._gather = WindowGather(self.corpus, self.block)
+        self.corpus.advise(self.shuffle)
         self.num_windows = self._gather.num_windows
         self.global_batch_size = self.world_size * self.batch_size
         self._lock = threading.Lock()
