@@ -11,6 +11,15 @@ epoch, so that every rank yields the same number of batches of the same sizes) a
 takes positions ``r, r + W, r + 2W, ...``. Global step ``k`` (all ranks together) therefore
 consumes positions ``[k * W * batch_size, (k + 1) * W * batch_size)`` of the order, which depends
 only on ``W * batch_size``: that is what makes an elastic resume exact.
+
+The tail: each epoch, the last ``n % W`` positions of that epoch's order are not streamed (a
+shuffled order puts different windows there every epoch). ``drop_last=True`` also drops the
+final partial global batch, so an epoch streams the first ``(n // (W * B)) * W * B``
+positions. Every full global batch is therefore the same for any ``W`` of the same ``W * B``;
+without ``drop_last`` the final partial one holds the positions up to ``(n // W) * W`` and so
+depends on ``W``. An elastic resume continues exactly as a stream that ran with the new world
+from the start: the same full global batches as the old world, the new world's partial one
+(and a cursor that stands past the new world's shorter epoch starts the next epoch).
 """
 
 from __future__ import annotations
