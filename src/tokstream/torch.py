@@ -132,7 +132,7 @@ class TokenDataset(IterableDataset):
         epoch again (the convention of torchdata's ``StatefulDataLoader``).
         """
         if self._resume_state is not None:
-            return self._resume_state
+            return copy.deepcopy(self._resume_state)
         stream = self._stream
         if stream is None or stream.__length_hint__() == 0:
             stream = self._new_stream(*self._share())
