@@ -51,6 +51,8 @@ DEFAULTS = {
 }
 # Batches compared per call: epochs may be 2**70.
 MAX_BATCHES = 30
+# Rounds of the implicit permutation's network (tokstream.stream).
+IMPLICIT_ROUNDS = 6
 # A call that has not finished after this long is a hang.
 HANG_SECONDS = 120
 
@@ -180,18 +182,24 @@ def _mix64(z: int) -> int:
 
 
 def implicit_order(n: int, seed: int, epoch: int):
-    """The implicit permutation of ``[0, n)``: Feistel network plus cycle walking, in Python."""
-    half_bits = 1
-    while 4**half_bits < n:
-        half_bits += 1
-    mask = (1 << half_bits) - 1
-    keys = [int(k) for k in implicit_round_keys(seed, epoch, 8)]
+    """The implicit permutation of ``[0, n)``, in Python integers.
+
+    An alternating Feistel network on ``[0, high_size * 2**low_bits)`` (``2**low_bits`` about
+    ``sqrt(n)``), restricted to ``[0, n)`` by cycle walking; see ``tokstream._windows``.
+    """
+    low_bits = ((n - 1).bit_length() + 1) // 2
+    high_size = -(-n // (1 << low_bits))
+    low_mask = (1 << low_bits) - 1
+    keys = [int(k) for k in implicit_round_keys(seed, epoch, IMPLICIT_ROUNDS)]
 
     def encrypt(x: int) -> int:
-        left, right = x >> half_bits, x & mask
-        for key in keys:
-            left, right = right, left ^ (_mix64(right ^ key) & mask)
-        return (left << half_bits) | right
+        low, high = x & low_mask, x >> low_bits
+        for r, key in enumerate(keys):
+            if r % 2 == 0:
+                low = (low + _mix64(high ^ key)) & low_mask
+            else:
+                high = (high + ((_mix64(low ^ key) * high_size) >> 64)) % high_size
+        return (high << low_bits) | low
 
     def at(position: int) -> int:
         value = encrypt(position)
