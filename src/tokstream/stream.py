@@ -166,14 +166,15 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         if self._order is None:
             epoch_rng_state = self._rng.get_state()
             try:
-                order = self._rng.permutation(self.num_windows)
+                self._order, self._epoch_rng_state = (
+                    self._rng.permutation(self.num_windows), epoch_rng_state
+                )
             except BaseException:
                 # Ctrl-C during a long draw is delivered right after it returns: without this
-                # the generator would stay advanced, and the epoch silently drawn again from
-                # the next state.
+                # the generator would stay advanced without the order, and the epoch would be
+                # silently drawn again from the next state.
                 self._rng.set_state(epoch_rng_state)
                 raise
-            self._order, self._epoch_rng_state = order, epoch_rng_state
         return self._order[first : first + stride * count : stride]
 
     def close(self) -> None:

@@ -1,0 +1,233 @@
+"""Interrupts, close() and garbage collection: a stream is always at a consistent cursor.
+
+A KeyboardInterrupt can land anywhere: in the consumer between batches, or (from a signal
+handler) inside ``next()`` itself. Whatever line it lands on, the stream stays usable and
+resumable: its cursor is either before the interrupted batch (``next()`` produces it again) or
+after it (that one batch is skipped, as if consumed); never a repeated, torn, empty or reordered
+batch, and never a different epoch order.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import linecache
+import os
+import signal
+import sys
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import tokstream
+from tokstream import Corpus, reference, stream_token_source
+
+PACKAGE_DIR = os.path.dirname(tokstream.__file__)
+
+
+def as_bytes(batches):
+    return [(w.tobytes(), t.tobytes()) for w, t in batches]
+
+
+class InterruptAtLine:
+    """A tracer that raises KeyboardInterrupt at the ``k``-th line run inside tokstream.
+
+    A tracer can raise on the line event of a ``with`` statement's exit, before ``__exit__``
+    runs; a signal cannot: CPython runs signal handlers only at calls and backward jumps, none of
+    which lie between a ``with`` body's end and ``__exit__``. Those line events are skipped.
+    """
+
+    def __init__(self, k: int) -> None:
+        self.k, self.count, self.fired = k, 0, False
+
+    def __call__(self, frame, event, arg):
+        if not frame.f_code.co_filename.startswith(PACKAGE_DIR):
+            return None
+        return self._line
+
+    def _line(self, frame, event, arg):
+        source = linecache.getline(frame.f_code.co_filename, frame.f_lineno).lstrip()
+        if event == "line" and not self.fired and not source.startswith("with "):
+            if self.count == self.k:
+                self.fired = True
+                raise KeyboardInterrupt
+            self.count += 1
+        return self._line
+
+
+def assert_consistent_after_interrupt(stream, make_stream, serial, interrupted):
+    """The stream, and a fresh one loaded with its state, continue the serial sequence."""
+    assert not stream._lock.locked(), "an interrupt left the stream's lock held"
+    state = stream.state_dict()
+    rest = as_bytes(stream)
+    resumed = make_stream()
+    resumed.load_state_dict(state)
+    assert as_bytes(resumed) == rest
+    assert rest in (serial[interrupted:], serial[interrupted + 1 :])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"shuffle": True}, id="materialized"),
+        pytest.param({"shuffle": True, "permutation": "implicit"}, id="implicit"),
+        pytest.param({"shuffle": False, "world_size": 2, "rank": 1, "targets": "shifted"},
+                     id="sequential_rank"),
+    ],
+)
+def test_an_interrupt_at_any_line_of_next_leaves_a_consistent_resumable_stream(options):
+    corpus = Corpus([np.arange(70, dtype=np.int32), np.arange(100, 160, dtype=np.int32)])
+
+    def make_stream():
+        return stream_token_source(corpus, 4, 10, epochs=3, seed=7, **options)
+
+    serial = as_bytes(make_stream())
+    per_epoch = make_stream().batches_per_epoch
+    # The first batch, the last of an epoch, and the first of the next (a new order is drawn).
+    for interrupted in (0, per_epoch - 1, per_epoch):
+        lines_tried = 0
+        for k in itertools.count():
+            stream = make_stream()
+            for _ in range(interrupted):
+                next(stream)
+            tracer = InterruptAtLine(k)
+            sys.settrace(tracer)
+            try:
+                next(stream)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+            if not tracer.fired:
+                break  # next() ran to the end in fewer than k lines: every line was tried
+            lines_tried += 1
+            assert_consistent_after_interrupt(stream, make_stream, serial, interrupted)
+        assert lines_tried > 5
+
+
+class InterruptedAfterDraw(np.random.RandomState):
+    """A SIGINT that arrives during the (long, C-level) permutation draw is raised right after
+    it returns: this generator does exactly that, once."""
+
+    fired = False
+
+    def permutation(self, n):
+        order = super().permutation(n)
+        if not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
+        return order
+
+
+def test_ctrl_c_during_the_epochs_permutation_draw_does_not_change_the_order():
+    ids = np.arange(300)
+    stream = stream_token_source(ids, 4, 50, epochs=2, seed=5)
+    interrupted = InterruptedAfterDraw()
+    interrupted.set_state(stream._rng.get_state())
+    stream._rng = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        next(stream)
+    expected = as_bytes(reference.stream_token_source(ids, 4, 50, epochs=2, seed=5))
+    assert as_bytes(stream) == expected
+
+
+def test_ctrl_c_from_a_signal_handler_during_a_long_run_leaves_the_stream_resumable():
+    ids = np.random.default_rng(1).integers(0, 50_000, 3_000)
+
+    def make_stream():
+        return stream_token_source(ids, 16, 8, epochs=10**9, seed=2)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    stream = make_stream()
+    received = []
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            for windows, targets in stream:  # "forever": only the signal ends it
+                received.append((windows.tobytes(), targets.tobytes()))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    state = stream.state_dict()
+    more = as_bytes(itertools.islice(stream, 50))
+    serial = as_bytes(itertools.islice(make_stream(), len(received) + 51))
+    assert received == serial[: len(received)]
+    assert more in (serial[len(received) : len(received) + 50], serial[len(received) + 1 :])
+    resumed = make_stream()
+    resumed.load_state_dict(state)
+    assert as_bytes(itertools.islice(resumed, 50)) == more
+
+
+def test_a_consumer_interrupted_between_batches_resumes_with_the_next_one():
+    ids = np.arange(500)
+    serial = as_bytes(stream_token_source(ids, 8, 16, epochs=2, seed=3))
+    stream = stream_token_source(ids, 8, 16, epochs=2, seed=3)
+    got = []
+    with pytest.raises(KeyboardInterrupt):
+        for windows, targets in stream:
+            got.append((windows.tobytes(), targets.tobytes()))
+            if len(got) == 40:
+                raise KeyboardInterrupt
+    resumed = stream_token_source(ids, 8, 16, epochs=2, seed=3)
+    resumed.load_state_dict(stream.state_dict())
+    assert got + as_bytes(resumed) == serial
+
+
+def test_close_mid_epoch_ends_the_stream_for_good_until_a_state_is_loaded():
+    ids = np.arange(400)
+    stream = stream_token_source(ids, 8, 16, seed=1)
+    first = as_bytes(itertools.islice(stream, 3))
+    state = stream.state_dict()
+    stream.close()
+    assert next(stream, None) is None and list(stream) == [] and stream.__length_hint__() == 0
+    stream.close()  # closing twice is harmless
+    stream.load_state_dict(state)
+    assert first + as_bytes(stream) == as_bytes(stream_token_source(ids, 8, 16, seed=1))
+
+
+def test_a_stream_abandoned_mid_epoch_is_garbage_collected_and_releases_the_corpus():
+    ids = np.arange(10_000, dtype=np.int64)
+    references_before = sys.getrefcount(ids)
+    stream = stream_token_source(ids, 16, 32, seed=0)
+    kept_windows, kept_targets = next(stream)
+    expected = (kept_windows.copy(), kept_targets.copy())
+    for _ in itertools.islice(stream, 10):
+        pass
+    alive = weakref.ref(stream)
+    del stream
+    gc.collect()
+    assert alive() is None
+    assert sys.getrefcount(ids) == references_before
+    # Batches already handed out are the caller's own memory and outlive the stream.
+    assert np.array_equal(kept_windows, expected[0]) and np.array_equal(kept_targets, expected[1])
+
+
+def test_a_loop_that_breaks_out_of_a_stream_leaves_nothing_behind():
+    def train_a_little():
+        stream = stream_token_source(np.arange(2_000), 8, 4, epochs=5)
+        for step, _ in enumerate(stream):
+            if step == 7:
+                break
+        return weakref.ref(stream)
+
+    alive = train_a_little()
+    gc.collect()
+    assert alive() is None
+
+
+def test_no_stream_starts_or_leaves_behind_a_thread():
+    before = set(threading.enumerate())
+    corpus = Corpus([np.arange(3_000), np.arange(2_000)])
+    for options in ({"shuffle": True}, {"permutation": "implicit"}, {"shuffle": False}):
+        stream = stream_token_source(corpus, 8, 16, epochs=2, **options)
+        for _ in itertools.islice(stream, 20):
+            assert set(threading.enumerate()) == before
+        stream.close()
+        del stream
+    gc.collect()
+    assert set(threading.enumerate()) == before
