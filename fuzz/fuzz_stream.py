@@ -28,6 +28,7 @@ import itertools
 import json
 import math
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -44,10 +45,10 @@ from tokstream.stream import implicit_round_keys
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SPEC_ARGS = ("block", "batch_size", "epochs", "shuffle", "seed")
-EXTRA_ARGS = ("targets", "rank", "world_size", "drop_last", "permutation")
+EXTRA_ARGS = ("targets", "rank", "world_size", "drop_last", "permutation", "prefetch")
 DEFAULTS = {
     "epochs": 1, "shuffle": True, "seed": 0, "targets": "next", "rank": 0, "world_size": 1,
-    "drop_last": False, "permutation": "materialized",
+    "drop_last": False, "permutation": "materialized", "prefetch": 0,
 }
 # Batches compared per call: epochs may be 2**70.
 MAX_BATCHES = 30
@@ -171,6 +172,8 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
     controls["permutation"] = model_choice(
         args["permutation"], "permutation", ("materialized", "implicit")
     )
+    # A background thread assembling batches ahead changes nothing about them.
+    controls["prefetch"] = model_ranged(args["prefetch"], "prefetch", 0)
     return shards, controls
 
 
@@ -326,12 +329,23 @@ def check_call(tokens: Any, kwargs: dict[str, Any]) -> str:
 
 
 def check_stream(stream, shards, controls) -> None:
-    count = model_length(shards, controls)
-    if count <= sys.maxsize:
-        assert len(stream) == count, f"len {len(stream)} != {count}"
-    head = itertools.islice(stream, MAX_BATCHES)
-    assert_batches_equal(head, itertools.islice(model_batches(shards, controls), MAX_BATCHES),
-                         "stream")
+    try:
+        count = model_length(shards, controls)
+        if count <= sys.maxsize:
+            assert len(stream) == count, f"len {len(stream)} != {count}"
+        head = itertools.islice(stream, MAX_BATCHES)
+        assert_batches_equal(
+            head, itertools.islice(model_batches(shards, controls), MAX_BATCHES), "stream"
+        )
+    finally:
+        stream.close()
+    assert_no_prefetch_thread()
+
+
+def assert_no_prefetch_thread() -> None:
+    """close() stops a prefetching stream's thread and waits for it."""
+    alive = [t for t in threading.enumerate() if t.name.startswith("tokstream")]
+    assert not alive, f"threads left running: {alive}"
 
 
 def uses_spec_options_only(kwargs: dict[str, Any]) -> bool:
@@ -395,11 +409,21 @@ def check_state_edit(tokens, kwargs, steps: int, edit) -> str:
     """
     shards, controls = model_call(tokens, kwargs)
     source = build_stream(tokens, kwargs)
+    target = build_stream(tokens, kwargs)
+    try:
+        outcome = _load_edited_state(source, target, shards, controls, steps, edit)
+    finally:
+        source.close()
+        target.close()
+    assert_no_prefetch_thread()
+    return outcome
+
+
+def _load_edited_state(source, target, shards, controls, steps, edit) -> str:
     for _ in itertools.islice(source, steps):
         pass
     state = json.loads(json.dumps(source.state_dict()))
     edited, must_reject = edit(copy.deepcopy(state))
-    target = build_stream(tokens, kwargs)
     try:
         target.load_state_dict(edited)
     except (TypeError, ValueError) as exc:
@@ -414,10 +438,15 @@ def check_state_edit(tokens, kwargs, steps: int, edit) -> str:
     assert loaded["config"] == state["config"]
     global_batch = controls["world_size"] * controls["batch_size"]
     assert loaded["position"] % global_batch == 0
+    if edited == state:
+        # An unedited state resumes right after the batches the source consumed.
+        expected = itertools.islice(model_batches(shards, controls), steps, steps + MAX_BATCHES)
+    else:
+        expected = itertools.islice(
+            model_batches(shards, controls, cursor_of(loaded)), MAX_BATCHES
+        )
     assert_batches_equal(
-        itertools.islice(target, MAX_BATCHES),
-        itertools.islice(model_batches(shards, controls, cursor_of(loaded)), MAX_BATCHES),
-        "stream after an accepted state",
+        itertools.islice(target, MAX_BATCHES), expected, "stream after an accepted state"
     )
     return "accepted"
 
@@ -555,6 +584,7 @@ def call_kwargs(draw) -> dict[str, Any]:
         "rank": control(st.integers(0, 3)),
         "drop_last": control(st.booleans()),
         "permutation": control(st.sampled_from(["materialized", "implicit"])),
+        "prefetch": control(st.integers(0, 3)),
     }
     for name, strategy in optional.items():
         if draw(st.booleans()):
@@ -635,6 +665,7 @@ def resumable_calls(draw):
         "rank": draw(st.integers(0, world_size - 1)),
         "drop_last": draw(st.booleans()),
         "permutation": draw(st.sampled_from(["materialized", "implicit"])),
+        "prefetch": draw(st.sampled_from([0, 0, 1, 3])),
     }
     return tokens, kwargs, draw(st.integers(0, 25))
 
