@@ -1,4 +1,4 @@
-"""Fuzz ``stream_token_source`` and ``load_state_dict`` against an independent model of the spec.
+"""Fuzz ``stream_token_source``, ``load_state_dict`` and ``open_tokens`` against independent models.
 
 Every generated call must end in exactly one of two ways:
 
@@ -27,11 +27,14 @@ import faulthandler
 import itertools
 import json
 import math
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import hypothesis
@@ -40,7 +43,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tokstream import Corpus, reference, stream_token_source
+from tokstream import Corpus, open_tokens, reference, stream_token_source
 from tokstream.stream import implicit_round_keys
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -452,6 +455,195 @@ def _load_edited_state(source, target, shards, controls, steps, edit) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Token files: corrupt, truncated and lying
+
+
+NPY_MAGIC = b"\x93NUMPY"
+LLMC_MAGIC, LLMC_HEADER_BYTES = 20240520, 1024
+
+
+class TokenFile:
+    """A fuzzed token file: its bytes, its name, and the arguments ``open_tokens`` gets."""
+
+    def __init__(self, name: str, data: bytes, kwargs: dict[str, Any], pristine: bool) -> None:
+        self.name, self.data, self.kwargs, self.pristine = name, data, kwargs, pristine
+
+    def __repr__(self) -> str:
+        return (f"TokenFile({self.name!r}, {len(self.data)} bytes {self.data[:96]!r}..., "
+                f"{self.kwargs!r}, pristine={self.pristine})")
+
+
+def file_verdict(path, data: bytes, kwargs: dict[str, Any]) -> np.ndarray | type[Exception]:
+    """What ``open_tokens(path, **kwargs)`` must give: the tokens, or the error type it raises.
+
+    Arguments are checked first (a TypeError for a non-integer dtype or a non-string format,
+    a ValueError for an unknown format); anything wrong with the file is a ValueError.
+    """
+    fmt, want = kwargs.get("format"), kwargs.get("dtype")
+    if fmt is not None and not isinstance(fmt, str):
+        return TypeError
+    if fmt is not None and fmt not in ("npy", "bin", "llmc"):
+        return ValueError
+    if want is not None:
+        try:
+            if np.dtype(want).kind not in "iu":
+                return TypeError
+        except TypeError:
+            return TypeError
+    tokens = independent_read(path, data, kwargs)
+    return ValueError if tokens is None else tokens
+
+
+def independent_read(path, data: bytes, kwargs: dict[str, Any]) -> np.ndarray | None:
+    """What the file holds, read without tokstream, or None if it is not a valid token file."""
+    detected = "bin"
+    if data.startswith(NPY_MAGIC):
+        detected = "npy"
+    elif len(data) >= 4 and int.from_bytes(data[:4], "little", signed=True) in (
+        LLMC_MAGIC, 20240801, 20240522
+    ):
+        detected = "llmc"
+    fmt = kwargs.get("format") or detected
+    if fmt != "bin" and fmt != detected:
+        return None
+    if kwargs.get("format") is None and str(path).endswith(".npy") and detected != "npy":
+        return None
+    want = kwargs.get("dtype")
+    if fmt == "npy":
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tokens = np.load(path, allow_pickle=False)
+        except Exception:
+            return None
+        header_end = data.index(b"\n") + 1 if b"\n" in data else len(data)
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            return None
+        if header_end + tokens.nbytes != len(data):
+            return None
+    elif fmt == "llmc":
+        if len(data) < LLMC_HEADER_BYTES:
+            return None
+        magic, version, count = np.frombuffer(data[:12], dtype="<i4").tolist()
+        if magic != LLMC_MAGIC or version != 1 or count < 0:
+            return None
+        if LLMC_HEADER_BYTES + 2 * count != len(data):
+            return None
+        tokens = np.frombuffer(data[LLMC_HEADER_BYTES:], dtype="<u2")
+    else:
+        dtype = np.dtype(np.uint16 if want is None else want)
+        if len(data) % dtype.itemsize:
+            return None
+        tokens = np.frombuffer(data, dtype=dtype)
+    if want is not None and tokens.dtype.newbyteorder("=") != np.dtype(want).newbyteorder("="):
+        return None
+    if tokens.dtype.kind == "u" and tokens.size and int(tokens.max()) > INT64_MAX:
+        return None
+    return tokens
+
+
+def check_token_file(directory, token_file: TokenFile) -> str:
+    """open_tokens gives exactly the file's tokens, or a ValueError/TypeError naming the file;
+    a stream over what it gives yields the model's batches, read in bounds (debug build)."""
+    path = directory / token_file.name
+    path.write_bytes(token_file.data)
+    try:
+        expected = file_verdict(path, token_file.data, token_file.kwargs)
+        try:
+            corpus = open_tokens(path, **token_file.kwargs)
+        except (TypeError, ValueError) as exc:
+            assert not token_file.pristine, f"a valid file raised {exc!r}"
+            assert isinstance(expected, type), f"a valid file raised {exc!r}"
+            assert type(exc) is expected, f"{exc!r}: expected {expected.__name__}"
+            names_argument = any(k in str(exc) for k in ("dtype", "format"))
+            assert str(path) in str(exc) or names_argument, f"{exc!r} does not name the file"
+            return f"file {type(exc).__name__}"
+        assert not isinstance(expected, type), f"expected {expected.__name__}, got {corpus}"
+        (shard,) = corpus.shards
+        assert shard.dtype == expected.dtype.newbyteorder("=")
+        assert np.array_equal(shard, expected), "the corpus differs from the file's tokens"
+        assert not shard.flags.writeable
+        controls = {**DEFAULTS, "block": 3, "batch_size": 5, "epochs": 1, "shuffle": True,
+                    "seed": 1}
+        stream = stream_token_source(corpus, 3, 5, seed=1)
+        try:
+            assert_batches_equal(
+                itertools.islice(stream, MAX_BATCHES),
+                itertools.islice(
+                    model_batches([expected.astype(np.int64)], controls), MAX_BATCHES
+                ),
+                "stream over a token file",
+            )
+        finally:
+            stream.close()
+            del stream, corpus, shard
+        return "file accepted"
+    finally:
+        path.unlink()
+
+
+NPY_DESCRS = ["'<u2'", "'>u2'", "'|u1'", "'<i8'", "'>i4'", "'<u8'", "'<f8'", "'|b1'",
+              "'<m8[s]'", "'O'", "'<U2'", "[('a', '<i4')]", "'<u9'", "'garbage'", "5", "None"]
+
+
+@st.composite
+def token_files(draw) -> TokenFile:
+    kind = draw(st.sampled_from(["npy", "llmc", "bin"]))
+    count = draw(st.integers(0, 300))
+    kwargs: dict[str, Any] = {}
+    if draw(st.integers(0, 3)) == 0:
+        kwargs["format"] = draw(st.sampled_from(["npy", "llmc", "bin", "zip", None, 3]))
+    if draw(st.integers(0, 2)) == 0:
+        kwargs["dtype"] = draw(st.sampled_from(
+            ["u1", "u2", "<u2", ">u2", "i4", "u8", "f8", "?", "garbage", None, 7, np.int64]
+        ))
+    pristine = draw(st.integers(0, 2)) == 0
+    if kind == "npy":
+        dtype = np.dtype(draw(st.sampled_from(["<u2", ">u2", "|u1", "<i4", ">i8", "<u8"])))
+        values = draw(hnp.arrays(dtype, count))
+        descr, shape = repr(dtype.str), f"({count},)"
+        payload = values.tobytes()
+        if not pristine:
+            descr = draw(st.sampled_from([descr] * 3 + NPY_DESCRS))
+            shape = draw(st.sampled_from([
+                shape, shape, f"({count + 1},)", f"({count - 1},)", f"({-count - 1},)",
+                "(2**62,)", f"({2**62},)", f"({count}, 1)", "()", "(1, 2, 3)", "[3]", "'x'",
+                f"({count}.0,)", "((((((((", "{}",
+            ]))
+        text = f"{{'descr': {descr}, 'fortran_order': False, 'shape': {shape}, }}"
+        text = text + " " * (63 - (len(text) + 10) % 64) + "\n"
+        header = NPY_MAGIC + bytes([1, 0]) + len(text).to_bytes(2, "little") + text.encode()
+        data, name = header + payload, "tokens.npy"
+    elif kind == "llmc":
+        values = draw(hnp.arrays(np.dtype("<u2"), count))
+        header = np.zeros(256, dtype="<i4")
+        header[:3] = (LLMC_MAGIC, 1, count)
+        if not pristine:
+            header[0] = draw(st.sampled_from([LLMC_MAGIC] * 4 + [20240801, 20240522, 0, -1]))
+            header[1] = draw(st.sampled_from([1, 1, 1, 0, 2, -1]))
+            header[2] = draw(st.sampled_from([
+                count, count, count + 1, count - 1, -1, -(2**31), 2**31 - 1, 2**30,
+            ]))
+        data, name = header.tobytes() + values.tobytes(), "shard.bin"
+    else:
+        data = draw(st.binary(max_size=600))
+        name = draw(st.sampled_from(["tokens.bin", "tokens.npy", "tokens"]))
+        pristine = False  # arbitrary bytes: only the verdict knows whether they are valid
+    if not pristine:
+        edit = draw(st.sampled_from(["none", "truncate", "append", "overwrite"]))
+        cut = draw(st.integers(0, max(len(data), 1)))
+        if edit == "truncate":
+            data = data[:cut]
+        elif edit == "append":
+            data = data + draw(st.binary(min_size=1, max_size=9))
+        elif edit == "overwrite" and data:
+            patch = draw(st.binary(min_size=1, max_size=4))
+            cut = min(cut, len(data) - 1)
+            data = data[:cut] + patch + data[cut + len(patch):]
+    return TokenFile(name, data, kwargs, pristine and not kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
 # Strategies
 
 INT_DTYPES = [f"{o}{k}{s}" for o in "<>" for k in "iu" for s in (1, 2, 4, 8)]
@@ -716,12 +908,22 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
         tokens, kwargs, steps = call
         tally.add("state " + guarded(check_state_edit, tokens, kwargs, steps, edit))
 
+    directory = Path(tempfile.mkdtemp(prefix="fuzz_stream_"))
+
+    @common
+    @given(token_file=token_files())
+    def files(token_file):
+        tally.add(guarded(check_token_file, directory, token_file))
+
     stop = time.monotonic() + seconds
-    for round_number in itertools.count():
-        for test in (calls, states):
-            (test if seed is None else hypothesis.seed(seed + round_number)(test))()
-        if time.monotonic() >= stop:
-            return tally
+    try:
+        for round_number in itertools.count():
+            for test in (calls, states, files):
+                (test if seed is None else hypothesis.seed(seed + round_number)(test))()
+            if time.monotonic() >= stop:
+                return tally
+    finally:
+        shutil.rmtree(directory)
     raise AssertionError("unreachable")
 
 

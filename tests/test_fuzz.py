@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tokstream import _validate, stream_token_source
+from tokstream import _validate, open_tokens, stream_token_source
 
 
 def _load_harness():
@@ -43,6 +43,13 @@ def test_any_call_yields_the_models_batches_or_the_predicted_clear_error(tokens,
 def test_a_hand_edited_state_is_refused_cleanly_or_resumes_where_it_claims(call, edit):
     tokens, kwargs, steps = call
     harness.guarded(harness.check_state_edit, tokens, kwargs, steps, edit)
+
+
+@QUICK
+@given(token_file=harness.token_files())
+def test_any_token_file_opens_to_exactly_its_tokens_or_a_clear_error(tmp_path_factory,
+                                                                    token_file):
+    harness.guarded(harness.check_token_file, tmp_path_factory.mktemp("file"), token_file)
 
 
 def test_the_model_agrees_with_the_reference_and_the_fast_path_on_a_known_call():
@@ -118,3 +125,57 @@ def test_an_array_in_a_hand_edited_state_is_a_clear_error():
     state["rng_state"]["bit_generator"] = np.array(["MT19937", "MT19937"])
     with pytest.raises(ValueError, match="bit_generator"):
         stream.load_state_dict(state)
+
+
+def _npy_with_header(text: str, payload: bytes = b"") -> bytes:
+    text = text + " " * (63 - (len(text) + 10) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text.encode() + payload
+
+
+def test_a_timedelta_npy_file_is_a_value_error_naming_the_file(tmp_path):
+    path = tmp_path / "durations.npy"
+    np.save(path, np.arange(10, dtype="m8[s]"))
+    with pytest.raises(ValueError, match="must hold integers") as raised:
+        open_tokens(path)
+    assert str(path) in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "kwargs"),
+    [
+        pytest.param("big.npy", lambda: _npy_with_header(
+            "{'descr': '>u2', 'fortran_order': False, 'shape': (4,), }",
+            np.arange(4, dtype=">u2").tobytes()), {}, id="byteswapped_npy"),
+        pytest.param("empty.bin", lambda: b"", {"dtype": ">u2"}, id="empty_byteswapped_raw"),
+    ],
+)
+def test_a_file_copied_into_memory_is_read_only_like_a_mapped_one(tmp_path, name, content,
+                                                                  kwargs):
+    path = tmp_path / name
+    path.write_bytes(content())
+    shard = open_tokens(path, **kwargs).shards[0]
+    assert not shard.flags.writeable
+
+
+@pytest.mark.parametrize(
+    "shape", ["(4611686018427387904,)", "(2**62,)", "(-1,)", "(5,)", "(3,)"]
+)
+def test_an_npy_header_lying_about_its_length_is_refused_before_mapping(tmp_path, shape):
+    path = tmp_path / "lying.npy"
+    path.write_bytes(_npy_with_header(
+        f"{{'descr': '<u2', 'fortran_order': False, 'shape': {shape}, }}",
+        np.arange(4, dtype="<u2").tobytes(),
+    ))
+    with pytest.raises(ValueError) as raised:
+        open_tokens(path)
+    assert str(path) in str(raised.value)
+
+
+@pytest.mark.parametrize("count", [2**31 - 1, 11, -1, -(2**31)])
+def test_an_llmc_header_lying_about_its_token_count_is_refused(tmp_path, count):
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = (20240520, 1, count)
+    path = tmp_path / "lying.bin"
+    path.write_bytes(header.tobytes() + np.arange(10, dtype="<u2").tobytes())
+    with pytest.raises(ValueError, match="lying.bin"):
+        open_tokens(path)

@@ -194,7 +194,10 @@ def _open_one(path: Path, want: np.dtype | None, format: str | None) -> np.ndarr
         tokens = _open_raw(path, np.dtype(np.uint16) if want is None else want)
     if want is not None and tokens.dtype.newbyteorder("=") != want.newbyteorder("="):
         raise ValueError(f"token file {path} holds {tokens.dtype} tokens, dtype={want} was asked")
-    return _validate.token_array(tokens, f"token file {path}")
+    tokens = _validate.token_array(tokens, f"token file {path}")
+    # A byte-swapped file is copied into memory (and an empty one may be): read-only all the same.
+    tokens.flags.writeable = False
+    return tokens
 
 
 def _open_npy(path: Path) -> np.ndarray:
@@ -213,7 +216,8 @@ def _open_npy(path: Path) -> np.ndarray:
         offset = f.tell()
     if len(shape) != 1:
         raise ValueError(f"token file {path}: a .npy token file must be 1-D, it has shape {shape}")
-    if not np.issubdtype(dtype, np.integer):
+    # Kinds, not np.issubdtype: NumPy files timedelta64 under np.integer.
+    if dtype.kind not in "iu":
         raise ValueError(
             f"token file {path}: a .npy token file must hold integers, it holds {dtype}"
         )
