@@ -27,6 +27,7 @@ Arguments are validated by the same rules as the stream (``tokstream._validate``
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,9 @@ __all__ = [
     "LOADERS",
     "PATHS",
     "best_numpy",
+    "consume",
     "copy_limit",
+    "epochs_for",
     "fast",
     "gather_limit",
     "nanogpt",
@@ -255,6 +258,30 @@ def _gather_limit(
             out = full[: starts.shape[0]]
             np.take(ids, starts, out=out)
             yield (out,)
+
+
+def epochs_for(num_tokens: int, block: int, batch_size: int, batches: int) -> int:
+    """The fewest epochs that hold ``batches`` batches (a timing run must not run dry).
+
+    >>> epochs_for(num_tokens=108, block=8, batch_size=10, batches=25)
+    3
+    """
+    batches_per_epoch = -(-(num_tokens - block) // batch_size)
+    if batches_per_epoch <= 0:
+        raise ValueError(f"no window of block={block} fits in {num_tokens} tokens")
+    return max(1, -(-batches // batches_per_epoch))
+
+
+def consume(batches: Iterator[tuple[Any, ...]], count: int) -> int:
+    """Draw ``count`` batches (fewer if the iterator ends) and return how many windows they held.
+
+    The timed loop of ``tokstream bench`` and of the benchmark suite: nothing but the iteration
+    and one ``len()`` per batch.
+    """
+    windows = 0
+    for batch in islice(batches, count):
+        windows += len(batch[0])
+    return windows
 
 
 #: Paths that yield the fast path's batches, by name, in table order.

@@ -247,9 +247,8 @@ def measure_case(
     turns between the paths, each round starting with a different path, so a drift of the
     machine's speed spreads over all of them; the ratios therefore come from the same minutes.
     """
-    num_windows = ids.shape[0] - case.block
-    batches_per_epoch = -(-num_windows // case.batch_size)
-    case.epochs = max(1, -(-(1 + rounds * batches) // batches_per_epoch))
+    needed = 1 + rounds * batches
+    case.epochs = baselines.epochs_for(ids.shape[0], case.block, case.batch_size, needed)
     iterators: dict[str, Iterator[tuple[Any, ...]]] = {}
     first: dict[str, tuple[Any, ...]] = {}
     for path in paths:
@@ -267,11 +266,8 @@ def measure_case(
         shift = round_index % len(paths)
         for path in [*paths[shift:], *paths[:shift]]:
             progress.update(f"{label}: {path} round {round_index + 1}/{rounds}")
-            iterator = iterators[path]
-            windows = 0
             started = time.perf_counter()
-            for batch in itertools.islice(iterator, batches):
-                windows += len(batch[0])
+            windows = baselines.consume(iterators[path], batches)
             elapsed = time.perf_counter() - started
             case.rates[path].append(windows * per_window[path] / elapsed / 1e6)
     return case
