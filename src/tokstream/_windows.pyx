@@ -6,6 +6,7 @@ right shapes and start positions it has proven to be in range; the release build
 bounds checks off, the debug build (``TOKSTREAM_DEBUG=1`` at build time) with them on.
 """
 
+cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -48,6 +49,9 @@ PREFETCH_DISTANCE = _PREFETCH_DISTANCE
 # Window gather
 
 
+# Cython embeds the signature of a fused function's dispatcher ("signatures, args, kwargs,
+# defaults"), not this one; the docstring states it instead.
+@cython.embedsignature(False)
 def gather_windows(
     const token_t[::1] tokens,
     const int64_t[:] starts,
@@ -56,7 +60,9 @@ def gather_windows(
     int64_t[:, ::1] targets=None,
     const int64_t[:] rows=None,
 ):
-    """Copy window ``i`` (``tokens[starts[i] : starts[i] + block]``) into row ``rows[i]``.
+    """gather_windows(const token_t[::1] tokens, const int64_t[:] starts, int64_t[:, ::1] windows, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, const int64_t[:] rows=None)
+
+    Copy window ``i`` (``tokens[starts[i] : starts[i] + block]``) into row ``rows[i]``.
 
     ``block`` is ``windows.shape[1]``. With ``next_tokens`` the token after each window goes to
     ``next_tokens[row]``; with ``targets`` the window shifted by one token goes to
