@@ -205,6 +205,11 @@ def _integer_tokens(ids: np.ndarray, name: str) -> np.ndarray:
 
 def _float_tokens(ids: np.ndarray, name: str) -> np.ndarray:
     out = np.empty(ids.shape[0], dtype=np.int64)
+    # Both bounds are powers of two, exact in every float dtype wide enough to reach them; a
+    # narrower dtype (float16) cannot hold an out-of-range value at all.
+    check_range = float(np.finfo(ids.dtype).max) >= _FLOAT_INT64_HIGH
+    low = np.asarray(_FLOAT_INT64_LOW, dtype=ids.dtype) if check_range else None
+    high = np.asarray(_FLOAT_INT64_HIGH, dtype=ids.dtype) if check_range else None
     start = 0
     for chunk in _chunks(ids):
         if not np.all(np.isfinite(chunk)):
@@ -215,7 +220,7 @@ def _float_tokens(ids: np.ndarray, name: str) -> np.ndarray:
             raise ValueError(
                 f"{name} contains non-integer (fractional) values; token ids must be exact integers"
             )
-        if np.any(chunk < _FLOAT_INT64_LOW) or np.any(chunk >= _FLOAT_INT64_HIGH):
+        if check_range and (np.any(chunk < low) or np.any(chunk >= high)):
             raise ValueError(
                 f"{name} contains values outside the int64 range "
                 f"(min={chunk.min()!r}, max={chunk.max()!r})"

@@ -81,6 +81,8 @@ class Corpus:
 
     def window_offsets(self, block: int) -> np.ndarray:
         """``offsets[j]`` = index of shard ``j``'s first window; ``offsets[-1]`` = window count."""
+        # A block longer than every shard (even one beyond int64) leaves no windows at all.
+        block = min(block, int(self.lengths.max()))
         per_shard = np.maximum(self.lengths - block, 0)
         offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
         np.cumsum(per_shard, out=offsets[1:])
@@ -88,7 +90,7 @@ class Corpus:
 
     def num_windows(self, block: int) -> int:
         """How many ``(block + 1)``-token windows the corpus holds."""
-        return int(np.maximum(self.lengths - block, 0).sum())
+        return int(self.window_offsets(block)[-1])
 
     def fingerprint(self) -> dict[str, Any]:
         """What a resumable state must match: shard lengths and dtype, never the tokens."""

@@ -1,0 +1,207 @@
+"""The bad-input matrix: every rule of the spec and every hole tokstream fixes.
+
+Each row is raised by both the fast path and the reference path, when the function is called
+(before any batch), with the same exception type and a message naming the argument.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tokstream import Corpus, reference, stream_token_source
+from tokstream import _validate
+
+GOOD = np.arange(64, dtype=np.int64)
+BOTH_PATHS = [
+    pytest.param(stream_token_source, id="fast"),
+    pytest.param(reference.stream_token_source, id="reference"),
+]
+
+
+def _kwargs(**overrides):
+    kwargs = {"token_ids": GOOD, "block": 4, "batch_size": 8}
+    kwargs.update(overrides)
+    return kwargs
+
+
+# (test id, overrides, exception type, text the message must contain)
+TOKEN_ID_CASES = [
+    ("2d", {"token_ids": np.zeros((3, 4), np.int64)}, ValueError, "token_ids"),
+    ("0d", {"token_ids": np.int64(5)}, ValueError, "token_ids"),
+    ("nan", {"token_ids": np.array([1.0, np.nan])}, ValueError, "token_ids"),
+    ("inf", {"token_ids": np.array([1.0, -np.inf])}, ValueError, "token_ids"),
+    ("fractional", {"token_ids": np.array([1.0, 2.5])}, ValueError, "token_ids"),
+    ("subnormal", {"token_ids": np.array([5e-324])}, ValueError, "token_ids"),
+    ("float_two_pow_63", {"token_ids": np.array([2.0**63])}, ValueError, "token_ids"),
+    ("float32_two_pow_63", {"token_ids": np.array([2.0**63], np.float32)}, ValueError, "token_ids"),
+    ("float_below_int64", {"token_ids": np.array([-(2.0**63) * (1 + 2**-52)])}, ValueError, "token_ids"),
+    ("float_1e19", {"token_ids": np.array([1e19])}, ValueError, "token_ids"),
+    ("uint64_two_pow_63", {"token_ids": np.array([2**63], np.uint64)}, ValueError, "token_ids"),
+    ("uint64_max", {"token_ids": np.array([0, 2**64 - 1], np.uint64)}, ValueError, "token_ids"),
+    ("bool_array", {"token_ids": np.array([True, False])}, TypeError, "token_ids"),
+    ("complex", {"token_ids": np.array([1 + 0j])}, TypeError, "token_ids"),
+    ("object_ints", {"token_ids": np.array([1, 2], dtype=object)}, TypeError, "token_ids"),
+    ("strings", {"token_ids": np.array(["1", "2"])}, TypeError, "token_ids"),
+    ("empty_strings", {"token_ids": np.array([], dtype="U1")}, TypeError, "token_ids"),
+    ("empty_object", {"token_ids": np.array([], dtype=object)}, TypeError, "token_ids"),
+    ("datetime", {"token_ids": np.array(["2020-01-01"], "datetime64[D]")}, TypeError, "token_ids"),
+    ("masked", {"token_ids": np.ma.masked_array([1, 2, 3], [0, 1, 0])}, TypeError, "token_ids"),
+    ("list_with_bool", {"token_ids": [1, True, 3]}, TypeError, "token_ids[1]"),
+    ("list_of_bools", {"token_ids": [True, False]}, TypeError, "token_ids[0]"),
+    ("list_negative_and_two_pow_63", {"token_ids": [-1, 2**63]}, ValueError, "token_ids[1]"),
+    ("list_two_pow_64", {"token_ids": [2**64]}, ValueError, "token_ids[0]"),
+    ("list_with_none", {"token_ids": [1, None]}, TypeError, "token_ids[1]"),
+    ("list_with_string", {"token_ids": [1, "2"]}, TypeError, "token_ids[1]"),
+    ("list_nan", {"token_ids": [1, float("nan")]}, ValueError, "token_ids[1]"),
+    ("list_fraction", {"token_ids": [1, 0.5]}, ValueError, "token_ids[1]"),
+    ("list_float_two_pow_63", {"token_ids": [0.0, 2.0**63]}, ValueError, "token_ids[1]"),
+    ("ragged", {"token_ids": [[1, 2], [3]]}, ValueError, "token_ids"),
+    ("nested", {"token_ids": [[1, 2], [3, 4]]}, ValueError, "token_ids"),
+    ("none", {"token_ids": None}, ValueError, "token_ids"),
+]
+
+
+def _int_control_cases(name: str, zero_ok: bool):
+    low = ValueError
+    cases = [
+        (f"{name}_negative", {name: -1}, low, name),
+        (f"{name}_fractional", {name: 3.5}, ValueError, name),
+        (f"{name}_nan", {name: float("nan")}, ValueError, name),
+        (f"{name}_inf", {name: float("inf")}, ValueError, name),
+        (f"{name}_bool", {name: True}, TypeError, name),
+        (f"{name}_numpy_bool", {name: np.True_}, TypeError, name),
+        (f"{name}_string", {name: "3"}, TypeError, name),
+        (f"{name}_none", {name: None}, TypeError, name),
+        (f"{name}_complex", {name: 3 + 0j}, TypeError, name),
+    ]
+    if not zero_ok:
+        cases.append((f"{name}_zero", {name: 0}, ValueError, name))
+    return cases
+
+
+CONTROL_CASES = [
+    *_int_control_cases("block", zero_ok=False),
+    *_int_control_cases("batch_size", zero_ok=False),
+    *_int_control_cases("epochs", zero_ok=True),
+    *_int_control_cases("seed", zero_ok=True),
+    ("seed_two_pow_32", {"seed": 2**32}, ValueError, "seed"),
+    ("seed_huge", {"seed": 2**70}, ValueError, "seed"),
+    ("shuffle_string", {"shuffle": "false"}, TypeError, "shuffle"),
+    ("shuffle_int", {"shuffle": 1}, TypeError, "shuffle"),
+    ("shuffle_none", {"shuffle": None}, TypeError, "shuffle"),
+]
+
+SPEC_CASES = TOKEN_ID_CASES + CONTROL_CASES
+
+
+@pytest.mark.parametrize("path", BOTH_PATHS)
+@pytest.mark.parametrize(
+    ("overrides", "error", "named"),
+    [pytest.param(o, e, n, id=i) for i, o, e, n in SPEC_CASES],
+)
+def test_bad_input_raises_at_call_time_naming_the_argument(path, overrides, error, named):
+    with pytest.raises(error) as caught:
+        path(**_kwargs(**overrides))
+    assert named in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "named"),
+    [
+        pytest.param({"targets": "both"}, ValueError, "targets", id="targets_unknown"),
+        pytest.param({"targets": 1}, TypeError, "targets", id="targets_int"),
+        pytest.param({"permutation": "feistel"}, ValueError, "permutation", id="perm_unknown"),
+        pytest.param({"permutation": None}, TypeError, "permutation", id="perm_none"),
+        pytest.param({"world_size": 0}, ValueError, "world_size", id="world_zero"),
+        pytest.param({"world_size": 2.5}, ValueError, "world_size", id="world_fraction"),
+        pytest.param({"rank": -1}, ValueError, "rank", id="rank_negative"),
+        pytest.param({"rank": 2, "world_size": 2}, ValueError, "rank", id="rank_too_big"),
+        pytest.param({"rank": True}, TypeError, "rank", id="rank_bool"),
+        pytest.param({"drop_last": "yes"}, TypeError, "drop_last", id="drop_last_string"),
+    ],
+)
+def test_bad_tokstream_options_raise_at_call_time(overrides, error, named):
+    with pytest.raises(error) as caught:
+        stream_token_source(**_kwargs(**overrides))
+    assert named in str(caught.value)
+
+
+@pytest.mark.parametrize("path", BOTH_PATHS)
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param({"block": 4.0, "batch_size": np.int32(8)}, id="exact_float_and_numpy_int"),
+        pytest.param({"epochs": 0}, id="zero_epochs"),
+        pytest.param({"seed": 2**32 - 1}, id="largest_seed"),
+        pytest.param({"seed": np.float64(7.0)}, id="float_seed"),
+        pytest.param({"shuffle": np.False_}, id="numpy_bool_shuffle"),
+        pytest.param({"block": 2**70}, id="block_beyond_int64_yields_nothing"),
+    ],
+)
+def test_valid_edge_controls_are_accepted(path, overrides):
+    list(path(**_kwargs(**overrides)))
+
+
+@pytest.mark.parametrize(
+    ("token_ids", "expected"),
+    [
+        pytest.param([0.0, 2**53 + 1], [0, 2**53 + 1], id="list_big_int_beside_float"),
+        pytest.param(np.array([-0.0, 3.0]), [0, 3], id="negative_zero"),
+        pytest.param(np.array([-(2.0**63), 2.0**62]), [-(2**63), 2**62], id="float_int64_ends"),
+        pytest.param(np.array([2**63 - 1], np.uint64), [2**63 - 1], id="uint64_int64_max"),
+        pytest.param([-(2**63), 2**63 - 1], [-(2**63), 2**63 - 1], id="list_int64_ends"),
+        pytest.param([np.int16(3), 4], [3, 4], id="list_numpy_scalars"),
+        pytest.param((5, 6), [5, 6], id="tuple"),
+        pytest.param([], [], id="empty_list"),
+    ],
+)
+def test_token_ids_convert_losslessly(token_ids, expected):
+    assert _validate.token_array(token_ids).tolist() == expected
+
+
+def test_spec_order_of_checks_is_kept():
+    # token_ids is checked first, then block, batch_size, epochs, shuffle, seed.
+    for path in (stream_token_source, reference.stream_token_source):
+        with pytest.raises(ValueError, match="token_ids"):
+            path(np.zeros((2, 2)), 0, 0, epochs=-1, shuffle="x", seed=-1)
+        with pytest.raises(ValueError, match="block"):
+            path(GOOD, 0, 0, epochs=-1, shuffle="x", seed=-1)
+        with pytest.raises(ValueError, match="batch_size"):
+            path(GOOD, 1, 0, epochs=-1, shuffle="x", seed=-1)
+        with pytest.raises(ValueError, match="epochs"):
+            path(GOOD, 1, 1, epochs=-1, shuffle="x", seed=-1)
+        with pytest.raises(TypeError, match="shuffle"):
+            path(GOOD, 1, 1, epochs=1, shuffle="x", seed=-1)
+
+
+def test_contiguous_native_int64_corpus_is_not_copied():
+    ids = np.arange(100, dtype=np.int64)
+    assert Corpus.from_tokens(ids).shards[0] is ids
+    stream = stream_token_source(ids, 4, 8)
+    assert stream.corpus.shards[0] is ids
+
+
+@pytest.mark.parametrize("dtype", ["u1", "u2", "u4", "u8", "i1", "i2", "i4", "i8"])
+def test_integer_corpus_is_read_in_its_own_dtype(dtype):
+    ids = np.arange(50).astype(dtype)
+    assert Corpus.from_tokens(ids).shards[0] is ids
+
+
+def test_byte_swapped_and_strided_inputs_are_copied_once_to_native_contiguous():
+    swapped = np.arange(20, dtype=">i4")
+    strided = np.arange(40, dtype=np.int64)[::2]
+    for ids in (swapped, strided):
+        shard = Corpus.from_tokens(ids).shards[0]
+        assert shard.flags.c_contiguous and shard.dtype.isnative
+        assert shard.tolist() == ids.tolist()
+
+
+def test_float_corpus_is_converted_in_bounded_chunks(monkeypatch):
+    monkeypatch.setattr(_validate, "SCAN_CHUNK", 7)
+    ids = np.arange(50, dtype=np.float64)
+    assert _validate.token_array(ids).tolist() == list(range(50))
+    bad = ids.copy()
+    bad[45] = 0.5
+    with pytest.raises(ValueError, match="fractional"):
+        _validate.token_array(bad)
