@@ -12,6 +12,7 @@ on stderr without a traceback.
 from __future__ import annotations
 
 import argparse
+import glob
 import itertools
 import json
 import math
@@ -19,9 +20,11 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
@@ -40,6 +43,9 @@ DEFAULT_BLOCKS = (8, 128, 1024, 1024, 2048)
 DEFAULT_BATCH_SIZES = (4096, 512, 64, 512, 16)
 #: Token dtypes the synthetic corpus may be held in: every one that holds ids below VOCAB_SIZE.
 SYNTHETIC_DTYPES = ("int64", "uint16", "int32", "uint32", "uint64")
+
+#: Token file formats of :mod:`tokstream.files`.
+FORMATS = ("npy", "bin", "llmc")
 
 #: Table columns of the paths, in order, with the names the table and the plot show.
 PATH_LABELS = {
@@ -289,7 +295,27 @@ def synthetic_corpus(num_tokens: int, dtype: str, seed: int) -> np.ndarray:
 
 
 def _format_rate(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]], numeric_from: int) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    numeric = [i >= numeric_from for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [
+            cell.rjust(width) if num else cell.ljust(width)
+            for cell, width, num in zip(cells, widths, numeric, strict=True)
+        ]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = "|" + "|".join(
+        "-" * (width + 1) + ":" if num else "-" * (width + 2)
+        for width, num in zip(widths, numeric, strict=True)
+    ) + "|"
+    return "\n".join([line(header), rule, *(line(r) for r in rows)])
 
 
 def bench_table(cases: Sequence[Case], paths: Sequence[str]) -> str:
@@ -310,21 +336,7 @@ def bench_table(cases: Sequence[Case], paths: Sequence[str]) -> str:
         row += [_format_rate(case.median(p)) for p in paths]
         row += [f"{ratios[name]:.2f}x" for name in ratio_names]
         rows.append(row)
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    numeric = [i >= 2 for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        padded = [
-            cell.rjust(width) if num else cell.ljust(width)
-            for cell, width, num in zip(cells, widths, numeric, strict=True)
-        ]
-        return "| " + " | ".join(padded) + " |"
-
-    rule = "|" + "|".join(
-        "-" * (width + 1) + ":" if num else "-" * (width + 2)
-        for width, num in zip(widths, numeric, strict=True)
-    ) + "|"
-    return "\n".join([line(header), rule, *(line(r) for r in rows)])
+    return _markdown(header, rows, numeric_from=2)
 
 
 def geometric_mean(values: Sequence[float]) -> float:
@@ -513,6 +525,236 @@ def cmd_bench(
 
 
 # ---------------------------------------------------------------------------------------------
+# inspect and convert: token files through tokstream.files
+
+
+#: Files at least this large get a progress display while they are scanned or written.
+PROGRESS_MIN_BYTES = 64 << 20
+#: Seconds between two looks at a conversion's output file.
+PROGRESS_INTERVAL = 0.2
+#: Output formats by file suffix (llm.c shards are usually named .bin too: pass --format llmc).
+SUFFIX_FORMATS = {".npy": "npy", ".bin": "bin"}
+_GLOB_CHARS = frozenset("*?[")
+
+
+def _expand(arguments: Sequence[str]) -> list[str]:
+    """Each argument as a file, or a pattern's sorted matches (an existing path is a file)."""
+    paths: list[str] = []
+    for argument in arguments:
+        if not os.path.exists(argument) and _GLOB_CHARS & set(argument):
+            matches = sorted(glob.glob(argument))
+            if not matches:
+                raise CommandError(f"the pattern {argument!r} matched no files")
+            paths.extend(matches)
+        else:
+            paths.append(argument)
+    return paths
+
+
+def _value_range(
+    tokens: np.ndarray, progress: Progress, label: str
+) -> tuple[int, int] | tuple[None, None]:
+    """Min and max id, scanned in chunks (a memory map is never read into memory at once)."""
+    if tokens.shape[0] == 0:
+        return None, None
+    chunk = 1 << 22
+    low, high = int(tokens[0]), int(tokens[0])
+    show = tokens.nbytes >= PROGRESS_MIN_BYTES
+    for start in range(0, tokens.shape[0], chunk):
+        part = tokens[start : start + chunk]
+        low, high = min(low, int(part.min())), max(high, int(part.max()))
+        if show:
+            done = min(start + chunk, tokens.shape[0]) / tokens.shape[0]
+            progress.update(f"{label}: scanning ids {done:.0%}")
+    return low, high
+
+
+@dataclass
+class FileSummary:
+    """What ``tokstream inspect`` reports about one token file."""
+
+    path: str
+    format: str
+    dtype: str
+    tokens: int
+    min_id: int | None
+    max_id: int | None
+    windows: int
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def summarize(
+    path: str, block: int, dtype: str | None, format: str | None, progress: Progress
+) -> FileSummary:
+    """Open ``path`` with :func:`tokstream.files.open_tokens` and describe it."""
+    from tokstream import files
+
+    detected = files.detect_format(path) if format is None else format
+    corpus = files.open_tokens(path, dtype=dtype, format=format)
+    (tokens,) = corpus.shards
+    low, high = _value_range(tokens, progress, path)
+    return FileSummary(
+        path=path,
+        format=detected,
+        dtype=str(corpus.dtype),
+        tokens=corpus.num_tokens,
+        min_id=low,
+        max_id=high,
+        windows=corpus.num_windows(block),
+        bytes=os.path.getsize(path),
+    )
+
+
+def inspect_table(summaries: Sequence[FileSummary], block: int) -> str:
+    """A Markdown table of the files, with a total row when there are several."""
+
+    def text(value: int | None) -> str:
+        return "-" if value is None else f"{value:,}"
+
+    header = ["file", "format", "dtype", "tokens", "min id", "max id", f"windows (block {block})"]
+    rows = [
+        [s.path, s.format, s.dtype, text(s.tokens), text(s.min_id), text(s.max_id),
+         text(s.windows)]
+        for s in summaries
+    ]
+    if len(summaries) > 1:
+        lows = [s.min_id for s in summaries if s.min_id is not None]
+        highs = [s.max_id for s in summaries if s.max_id is not None]
+        rows.append([
+            f"total ({len(summaries)} files)", "", "",
+            text(sum(s.tokens for s in summaries)),
+            text(min(lows) if lows else None), text(max(highs) if highs else None),
+            text(sum(s.windows for s in summaries)),
+        ])
+    return _markdown(header, rows, numeric_from=3)
+
+
+def cmd_inspect(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, stdout: TextIO, stderr: TextIO
+) -> int:
+    progress = Progress(None if args.quiet else stderr)
+    summaries = [
+        summarize(path, args.block, args.dtype, args.format, progress)
+        for path in _expand(args.files)
+    ]
+    progress.done()
+    if args.json:
+        json.dump([s.to_json() for s in summaries], stdout, indent=2)
+        stdout.write("\n")
+    else:
+        print(inspect_table(summaries, args.block), file=stdout)
+    return 0
+
+
+class _WriteWatcher:
+    """Reports how far a ``write_tokens`` call has got by watching its output grow.
+
+    ``write_tokens`` writes beside the target under a temporary name (``.NAME.*.tmp``) and
+    renames it into place, so the size of that file against the expected size is the progress.
+    When no such file shows up, only the elapsed time is shown.
+    """
+
+    def __init__(self, target: Path, expected_bytes: int, progress: Progress, label: str) -> None:
+        self.target = target
+        self.expected = max(expected_bytes, 1)
+        self.progress = progress
+        self.label = label
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tokstream-convert", daemon=True)
+        self._last_decile = -1
+
+    def __enter__(self) -> _WriteWatcher:
+        self.started = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _written(self) -> int | None:
+        pattern = os.path.join(glob.escape(str(self.target.parent)), f".{self.target.name}.*.tmp")
+        sizes = []
+        for temp in glob.glob(pattern):
+            try:
+                sizes.append(os.path.getsize(temp))
+            except OSError:  # renamed into place between glob() and getsize()
+                continue
+        return max(sizes) if sizes else None
+
+    def _run(self) -> None:
+        while not self._stop.wait(PROGRESS_INTERVAL):
+            written = self._written()
+            elapsed = time.perf_counter() - self.started
+            if written is None:
+                self.progress.update(f"{self.label}: {elapsed:.0f} s")
+                continue
+            fraction = min(written / self.expected, 1.0)
+            decile = int(fraction * 10)
+            message = (
+                f"{self.label}: {fraction:.0%} ({written / 1e6:,.0f} of "
+                f"{self.expected / 1e6:,.0f} MB, {elapsed:.0f} s)"
+            )
+            self.progress.update(message, final=decile > self._last_decile)
+            self._last_decile = max(decile, self._last_decile)
+
+
+def _output_format(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    if args.format is not None:
+        return args.format
+    suffix = Path(args.output).suffix.lower()
+    if suffix not in SUFFIX_FORMATS:
+        parser.error(
+            f"cannot tell the output format from {args.output!r}: name it *.npy or *.bin, or "
+            "pass --format npy|bin|llmc"
+        )
+    return SUFFIX_FORMATS[suffix]
+
+
+def cmd_convert(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, stdout: TextIO, stderr: TextIO
+) -> int:
+    from tokstream import files
+
+    out_format = _output_format(args, parser)
+    corpus = files.open_tokens(args.input, dtype=args.in_dtype, format=args.in_format)
+    if len(corpus.shards) != 1:
+        raise CommandError(
+            f"{args.input!r} names {len(corpus.shards)} files; convert takes one input file"
+        )
+    (tokens,) = corpus.shards
+    if args.dtype is not None:
+        dtype: str | None = args.dtype
+    elif out_format == "llmc":
+        dtype = None  # llm.c stores uint16; write_tokens checks that the ids fit
+    else:
+        dtype = str(corpus.dtype)
+    itemsize = 2 if dtype is None else np.dtype(dtype).itemsize
+    header = {"npy": 128, "llmc": 1024, "bin": 0}[out_format]
+    expected = header + tokens.shape[0] * itemsize
+    progress = Progress(None if args.quiet else stderr)
+    label = f"{args.input} -> {args.output}"
+    target = Path(args.output)
+    if expected >= PROGRESS_MIN_BYTES:
+        with _WriteWatcher(target, expected, progress, label):
+            files.write_tokens(target, tokens, format=out_format, dtype=dtype)
+    else:
+        files.write_tokens(target, tokens, format=out_format, dtype=dtype)
+    progress.done()
+    written = files.open_tokens(target, dtype=dtype if out_format == "bin" else None)
+    in_format = files.detect_format(args.input) if args.in_format is None else args.in_format
+    print(
+        f"wrote {args.output}: {out_format}, {written.dtype}, {written.num_tokens:,} tokens "
+        f"(from {args.input}: {in_format}, {corpus.dtype})",
+        file=stdout,
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # Parser and entry point
 
 
@@ -581,6 +823,59 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--quiet", action="store_true", help="no progress on stderr")
     bench.set_defaults(handler=cmd_bench, command_parser=bench)
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="describe token files",
+        description=(
+            "For each token file (.npy, raw .bin, llm.c shard; a quoted pattern expands to its "
+            "sorted matches): its format, dtype, token count, smallest and largest id, and how "
+            "many windows of --block tokens plus a target it holds."
+        ),
+    )
+    inspect.add_argument("files", nargs="+", metavar="FILE", help="token files or patterns")
+    inspect.add_argument(
+        "--block", type=_positive, default=1024, help="window length to count (default 1024)"
+    )
+    inspect.add_argument(
+        "--dtype", type=_dtype_name, default=None,
+        help="token dtype of raw .bin files (default uint16); for .npy and llm.c, an expectation",
+    )
+    inspect.add_argument(
+        "--format", choices=FORMATS, default=None, help="read as this format (default: detect)"
+    )
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    inspect.set_defaults(handler=cmd_inspect, command_parser=inspect)
+
+    convert = commands.add_parser(
+        "convert",
+        help="rewrite a token file in another format or dtype",
+        description=(
+            "Read IN (format detected, or --in-format) and write its tokens to OUT as .npy, raw "
+            ".bin or an llm.c shard (--format; by default from OUT's suffix, .npy or .bin). "
+            "OUT is written under a temporary name and renamed into place."
+        ),
+    )
+    convert.add_argument("input", metavar="IN", help="token file to read")
+    convert.add_argument("output", metavar="OUT", help="token file to write")
+    convert.add_argument(
+        "--format", choices=FORMATS, default=None,
+        help="output format (default from OUT's suffix; llm.c shards need --format llmc)",
+    )
+    convert.add_argument(
+        "--dtype", type=_dtype_name, default=None,
+        help="stored dtype of OUT (default: IN's; llm.c: uint16)",
+    )
+    convert.add_argument(
+        "--in-dtype", type=_dtype_name, default=None,
+        help="token dtype of a raw .bin IN (default uint16)",
+    )
+    convert.add_argument(
+        "--in-format", choices=FORMATS, default=None, help="read IN as this format"
+    )
+    convert.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    convert.set_defaults(handler=cmd_convert, command_parser=convert)
     return parser
 
 
