@@ -5,8 +5,11 @@ from __future__ import annotations
 import importlib.metadata
 import io
 import json
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -271,3 +274,204 @@ def test_table_formats_every_case():
     assert cells[0] == " uint16 " and cells[2].endswith("8 ") and cells[2].startswith("  ")
     assert rule.split("|")[1:-1][0] == "--------" and rule.split("|")[1:-1][2].endswith(":")
     assert len(header) == len(rule) == len(row)
+
+
+# ---------------------------------------------------------------------------------------------
+# inspect and convert
+
+
+@pytest.fixture
+def token_files(tmp_path):
+    """The same ids (below 50257) as .npy int64, raw uint16 .bin and an llm.c shard."""
+    from tokstream import files
+
+    ids = np.random.default_rng(1).integers(0, 50257, 5000)
+    ids[10], ids[20] = 3, 50256  # the extremes, known exactly
+    ids[ids < 3] = 3
+    paths = {
+        "npy": files.write_tokens(tmp_path / "ids.npy", ids, format="npy", dtype="int64"),
+        "bin": files.write_tokens(tmp_path / "ids.bin", ids, format="bin", dtype="uint16"),
+        "llmc": files.write_tokens(tmp_path / "shard.bin", ids, format="llmc"),
+    }
+    return ids, paths
+
+
+def test_inspect_reports_format_dtype_count_range_and_windows(token_files):
+    ids, paths = token_files
+    code, out, err = run("inspect", *(str(p) for p in paths.values()), "--block", "1000")
+    assert code == 0, err
+    header, _, *rows = out.splitlines()
+    assert [c.strip() for c in header.split("|")[1:-1]] == [
+        "file", "format", "dtype", "tokens", "min id", "max id", "windows (block 1000)",
+    ]
+    cells = [[c.strip() for c in row.split("|")[1:-1]] for row in rows]
+    assert [c[1:] for c in cells[:3]] == [
+        ["npy", "int64", "5,000", "3", "50,256", "4,000"],
+        ["bin", "uint16", "5,000", "3", "50,256", "4,000"],
+        ["llmc", "uint16", "5,000", "3", "50,256", "4,000"],
+    ]
+    assert cells[3] == ["total (3 files)", "", "", "15,000", "3", "50,256", "12,000"]
+
+
+def test_inspect_json_and_raw_dtype(tmp_path, token_files):
+    ids, paths = token_files
+    code, out, err = run("inspect", str(paths["bin"]), "--dtype", "uint16", "--json", "--block=8")
+    assert code == 0, err
+    (summary,) = json.loads(out)
+    assert summary == {
+        "path": str(paths["bin"]), "format": "bin", "dtype": "uint16", "tokens": 5000,
+        "min_id": 3, "max_id": 50256, "windows": 4992, "bytes": 10000,
+    }
+    # The same bytes read as uint32: half as many tokens, other values.
+    code, out, _ = run("inspect", str(paths["bin"]), "--dtype", "uint32", "--json")
+    assert code == 0 and json.loads(out)[0]["tokens"] == 2500
+
+
+def test_inspect_expands_a_quoted_pattern_in_sorted_order(tmp_path):
+    from tokstream import files
+
+    for i in (2, 0, 1):
+        files.write_tokens(tmp_path / f"part_{i}.npy", np.arange(10 + i), format="npy")
+    code, out, err = run("inspect", str(tmp_path / "part_*.npy"), "--json", "--block", "4")
+    assert code == 0, err
+    report = json.loads(out)
+    assert [Path(s["path"]).name for s in report] == ["part_0.npy", "part_1.npy", "part_2.npy"]
+    assert [s["windows"] for s in report] == [6, 7, 8]
+
+
+def test_inspect_an_empty_file(tmp_path):
+    from tokstream import files
+
+    path = files.write_tokens(tmp_path / "empty.npy", np.array([], dtype=np.int64), format="npy")
+    code, out, err = run("inspect", str(path), "--json")
+    assert code == 0, err
+    assert json.loads(out)[0] | {"path": None} == {
+        "path": None, "format": "npy", "dtype": "uint16", "tokens": 0, "min_id": None,
+        "max_id": None, "windows": 0, "bytes": path.stat().st_size,
+    }
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d / "missing.npy", "missing.npy"),
+        (lambda d: (d / "bad.npy").write_bytes(b"not numpy") and d / "bad.npy", "bad.npy"),
+        (lambda d: (d / "odd.bin").write_bytes(b"\x01\x02\x03") and d / "odd.bin", "odd.bin"),
+        (lambda d: d / "nothing_*.npy", "matched no files"),
+    ],
+    ids=["missing", "bad-magic", "odd-size", "empty-pattern"],
+)
+def test_inspect_bad_files_exit_1_with_one_line(tmp_path, make, message):
+    code, out, err = run("inspect", str(make(tmp_path)))
+    assert code == 1
+    assert out == ""
+    assert err.startswith("tokstream inspect: error: ") and err.count("\n") == 1
+    assert message in err
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "extra", "format", "dtype"),
+    [
+        ("npy", "out.bin", [], "bin", "int64"),
+        ("npy", "out.bin", ["--dtype", "uint16"], "bin", "uint16"),
+        ("bin", "out.npy", [], "npy", "uint16"),
+        ("bin", "out.npy", ["--dtype", "int32"], "npy", "int32"),
+        ("npy", "train_000.bin", ["--format", "llmc"], "llmc", "uint16"),
+        ("llmc", "out.npy", [], "npy", "uint16"),
+        ("llmc", "out.raw", ["--format", "bin"], "bin", "uint16"),
+    ],
+)
+def test_convert_round_trips_the_ids(tmp_path, token_files, source, target, extra, format, dtype):
+    from tokstream import files
+
+    ids, paths = token_files
+    out_path = tmp_path / "converted" / target
+    out_path.parent.mkdir()
+    code, out, err = run("convert", str(paths[source]), str(out_path), "--quiet", *extra)
+    assert code == 0, err
+    assert files.detect_format(out_path) == format
+    corpus = files.open_tokens(out_path, dtype=dtype if format == "bin" else None)
+    assert str(corpus.dtype) == dtype
+    np.testing.assert_array_equal(corpus.shards[0], ids)
+    assert out.startswith(f"wrote {out_path}: {format}, {dtype}, 5,000 tokens")
+    assert list(out_path.parent.iterdir()) == [out_path]  # no temporary file left behind
+
+
+def test_convert_raw_input_dtype(tmp_path):
+    from tokstream import files
+
+    ids = np.array([0, 70000, 5, 2**31 - 1], dtype=np.int64)
+    raw = files.write_tokens(tmp_path / "wide.bin", ids, format="bin", dtype="uint32")
+    code, _, err = run("convert", str(raw), str(tmp_path / "wide.npy"), "--in-dtype", "uint32")
+    assert code == 0, err
+    np.testing.assert_array_equal(np.load(tmp_path / "wide.npy"), ids)
+
+
+def test_convert_to_llmc_refuses_ids_beyond_uint16(tmp_path):
+    from tokstream import files
+
+    wide = files.write_tokens(tmp_path / "wide.npy", np.array([1, 70000]), format="npy")
+    code, out, err = run("convert", str(wide), str(tmp_path / "s.bin"), "--format", "llmc")
+    assert code == 1 and out == ""
+    assert err.startswith("tokstream convert: error: ") and "uint16" in err
+    assert not (tmp_path / "s.bin").exists()
+
+
+def test_convert_needs_a_format_it_can_tell(tmp_path, token_files, capsys):
+    _, paths = token_files
+    assert cli.main(["convert", str(paths["npy"]), str(tmp_path / "out.tokens")]) == 2
+    assert "--format" in capsys.readouterr().err
+    assert cli.main(["convert", str(paths["npy"]), str(tmp_path / "o.npy"), "--format", "x"]) == 2
+
+
+def test_convert_missing_input_exits_1(tmp_path):
+    code, _, err = run("convert", str(tmp_path / "nope.npy"), str(tmp_path / "out.npy"))
+    assert code == 1
+    assert "nope.npy" in err and err.count("\n") == 1
+
+
+def test_convert_shows_progress_on_large_files(tmp_path, token_files, monkeypatch):
+    """Progress is shown past PROGRESS_MIN_BYTES; lowered here so a small file counts."""
+    from tokstream import files
+
+    _, paths = token_files
+    monkeypatch.setattr(cli, "PROGRESS_MIN_BYTES", 1)
+    monkeypatch.setattr(cli, "PROGRESS_INTERVAL", 0.001)
+    real_write = files.write_tokens
+
+    def slow_write(path, ids, format="npy", dtype=None):
+        # Let the watcher see the temporary file grow: write it, then pause before the rename.
+        original_replace = os.replace
+
+        def paused_replace(src, dst):
+            time.sleep(0.05)
+            original_replace(src, dst)
+
+        monkeypatch.setattr(os, "replace", paused_replace)
+        try:
+            return real_write(path, ids, format=format, dtype=dtype)
+        finally:
+            monkeypatch.setattr(os, "replace", original_replace)
+
+    monkeypatch.setattr(files, "write_tokens", slow_write)
+    code, _, err = run("convert", str(paths["npy"]), str(tmp_path / "big.bin"))
+    assert code == 0, err
+    assert "ids.npy -> " in err and "100% (0 of 0 MB" in err
+
+
+def test_watcher_falls_back_to_elapsed_time_without_a_temporary_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "PROGRESS_INTERVAL", 0.001)
+
+    class Recorder(cli.Progress):
+        def __init__(self):
+            super().__init__(None)
+            self.messages = []
+
+        def update(self, message, *, final=False):
+            self.messages.append(message)
+
+    recorder = Recorder()
+    with cli._WriteWatcher(tmp_path / "never.bin", 100, recorder, "label"):
+        time.sleep(0.05)
+    assert recorder.messages
+    assert all(m.startswith("label: ") and m.endswith(" s") for m in recorder.messages)
