@@ -780,7 +780,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     bench.add_argument(
-        "--tokens", type=_positive, default=None,
+        "--tokens", type=_positive, default=None, metavar="N",
         help=f"synthetic corpus size in tokens (default {DEFAULT_TOKENS:,})",
     )
     bench.add_argument(
@@ -790,8 +790,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--batch-size", type=_positive_list, default=None, metavar="N[,N...]",
-        help="windows per batch, one per --block or one for all "
-        f"(default {','.join(map(str, DEFAULT_BATCH_SIZES))})",
+        help="windows per batch, one per --block or one for all (default "
+        f"{','.join(map(str, DEFAULT_BATCH_SIZES))} with the default blocks, else "
+        f"{DEFAULT_BATCH_SIZES[1]})",
     )
     bench.add_argument(
         "--dtype", type=lambda text: [_dtype_name(t.strip()) for t in text.split(",")],
