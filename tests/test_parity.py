@@ -17,7 +17,7 @@ FLOAT_EXACT = {"f2": 2**11, "f4": 2**24, "f8": 2**53}
 def assert_same_batches(fast, ref):
     fast, ref = list(fast), list(ref)
     assert len(fast) == len(ref)
-    for (windows, next_tokens), (ref_windows, ref_next) in zip(fast, ref):
+    for (windows, next_tokens), (ref_windows, ref_next) in zip(fast, ref, strict=True):
         assert windows.dtype == np.int64 and next_tokens.dtype == np.int64
         assert windows.shape == ref_windows.shape and next_tokens.shape == ref_next.shape
         assert windows.tobytes() == ref_windows.tobytes()
@@ -52,7 +52,9 @@ def corpora(draw):
     shuffle=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_fast_path_matches_reference_on_random_corpora(ids, block, batch_size, epochs, shuffle, seed):
+def test_fast_path_matches_reference_on_random_corpora(
+    ids, block, batch_size, epochs, shuffle, seed
+):
     kwargs = {"epochs": epochs, "shuffle": shuffle, "seed": seed}
     fast = stream_token_source(ids, block, batch_size, **kwargs)
     ref = reference.stream_token_source(ids, block, batch_size, **kwargs)
@@ -103,7 +105,7 @@ def test_each_batch_is_fresh_writeable_contiguous_memory_the_caller_owns():
         assert windows.flags.c_contiguous and windows.flags.writeable and windows.flags.owndata
         assert next_tokens.flags.c_contiguous and next_tokens.flags.writeable
         assert not np.shares_memory(windows, ids) and not np.shares_memory(next_tokens, ids)
-    for (a, _), (b, _) in zip(batches, batches[1:]):
+    for (a, _), (b, _) in zip(batches, batches[1:], strict=False):
         assert not np.shares_memory(a, b)
     batches[0][0][:] = -1  # writing into a batch touches neither the corpus nor later batches
     assert ids.tolist() == list(range(200))

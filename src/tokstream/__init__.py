@@ -15,10 +15,18 @@ except ImportError as exc:  # pragma: no cover - exercised only by a broken inst
     ) from exc
 
 from tokstream.corpus import Corpus
+from tokstream.files import open_tokens, write_tokens
 from tokstream.stream import TokenStream, stream_token_source
 
 __version__ = "0.1.0"
 
-__all__ = ["Corpus", "TokenStream", "__version__", "stream_token_source"]
+__all__ = [
+    "Corpus",
+    "TokenStream",
+    "__version__",
+    "open_tokens",
+    "stream_token_source",
+    "write_tokens",
+]
 
 del _windows

@@ -19,6 +19,7 @@ def permuted_positions(
     first: int,  # int64_t
     stride: int,  # int64_t
     n: int,  # int64_t
-    half_bits: int,  # int
+    low_bits: int,  # int
+    high_size: int,  # int64_t
     keys: npt.NDArray[np.uint64],  # const uint64_t[::1]
 ) -> None: ...

@@ -20,9 +20,13 @@ cdef extern from *:
     #else
     #define TOKSTREAM_PREFETCH(p) ((void)(p))
     #endif
+    static inline uint64_t tokstream_mulhi64(uint64_t a, uint64_t b) {
+        return (uint64_t)(((unsigned __int128)a * b) >> 64);
+    }
     """
     const bint TOKSTREAM_DEBUG
     void TOKSTREAM_PREFETCH(const void *p) noexcept nogil
+    uint64_t tokstream_mulhi64(uint64_t a, uint64_t b) noexcept nogil
 
 ctypedef fused token_t:
     int8_t
@@ -39,10 +43,11 @@ DEBUG_BUILD = bool(TOKSTREAM_DEBUG)
 
 cdef enum:
     # How many windows ahead the gather loop asks the CPU to start loading.
-    _PREFETCH_DISTANCE = 16
+    _PREFETCH_DISTANCE = 64
 
 #: How many windows ahead the gather loop asks the CPU to start loading.
 PREFETCH_DISTANCE = _PREFETCH_DISTANCE
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,7 +107,7 @@ def gather_windows(
 
 
 # ---------------------------------------------------------------------------------------------
-# Keyed permutation of [0, n): a balanced Feistel network with cycle walking
+# Keyed permutation of [0, n): an alternating Feistel network on a mixed-radix domain
 
 
 cdef inline uint64_t _mix64(uint64_t z) noexcept nogil:
@@ -112,18 +117,26 @@ cdef inline uint64_t _mix64(uint64_t z) noexcept nogil:
     return z ^ (z >> 31)
 
 
-cdef inline uint64_t _feistel(
-    uint64_t x, const uint64_t[::1] keys, int half_bits, uint64_t half_mask
+cdef inline uint64_t _encrypt(
+    uint64_t x, const uint64_t[::1] keys, int low_bits, uint64_t high_size
 ) noexcept nogil:
-    cdef uint64_t left = x >> half_bits
-    cdef uint64_t right = x & half_mask
-    cdef uint64_t swap
+    # x = high * 2**low_bits + low, with low < 2**low_bits and high < high_size. Round r adds
+    # a keyed hash of one half to the other half, modulo that half's size: (low, high) ->
+    # ((low + F(high)) mod 2**low_bits, high), then (low, (high + F(low)) mod high_size). Each
+    # round is invertible whatever F is, so the whole is a bijection of [0, high_size << low_bits).
+    cdef uint64_t low_mask = (<uint64_t>1 << low_bits) - 1
+    cdef uint64_t low = x & low_mask
+    cdef uint64_t high = x >> low_bits
     cdef Py_ssize_t r
     for r in range(keys.shape[0]):
-        swap = right
-        right = left ^ (_mix64(right ^ keys[r]) & half_mask)
-        left = swap
-    return (left << half_bits) | right
+        if r % 2 == 0:
+            low = (low + _mix64(high ^ keys[r])) & low_mask
+        else:
+            # mulhi(hash, size) maps a 64-bit hash evenly onto [0, size) without a division.
+            high = high + tokstream_mulhi64(_mix64(low ^ keys[r]), high_size)
+            if high >= high_size:
+                high -= high_size
+    return (high << low_bits) | low
 
 
 def permuted_positions(
@@ -131,23 +144,24 @@ def permuted_positions(
     int64_t first,
     int64_t stride,
     int64_t n,
-    int half_bits,
+    int low_bits,
+    int64_t high_size,
     const uint64_t[::1] keys,
 ):
     """Write ``pi(first + stride * i)`` to ``out[i]``, with ``pi`` a keyed bijection of [0, n).
 
-    ``pi`` is a Feistel network over ``2 * half_bits`` bits (a power of four ``>= n``) restricted
-    to ``[0, n)`` by cycle walking: an output ``>= n`` is encrypted again until it lands inside.
-    Because the network is a bijection, the walk always returns inside the cycle of its input, so
-    the restriction is itself a bijection. The caller guarantees ``1 <= n <= 4 ** half_bits``,
-    ``half_bits <= 31`` and every input position below ``n``.
+    ``pi`` is a Feistel network on ``[0, high_size * 2**low_bits)``, a domain less than
+    ``2**low_bits`` larger than n, restricted to ``[0, n)`` by cycle walking: an output ``>= n``
+    is encrypted again until it lands inside (rare: the domain overshoots n by about sqrt(n)).
+    The walk stays in the cycle of its input, so it comes back below n and the restriction is a
+    bijection. The caller guarantees ``high_size << low_bits >= n``, ``low_bits <= 32``,
+    ``high_size <= 2**32``, an even number of keys and every input position in ``[0, n)``.
     """
     cdef Py_ssize_t i
-    cdef uint64_t half_mask = (<uint64_t>1 << half_bits) - 1
-    cdef uint64_t value, bound = <uint64_t>n
+    cdef uint64_t value, bound = <uint64_t>n, size = <uint64_t>high_size
     with nogil:
         for i in range(out.shape[0]):
-            value = _feistel(<uint64_t>(first + stride * i), keys, half_bits, half_mask)
+            value = _encrypt(<uint64_t>(first + stride * i), keys, low_bits, size)
             while value >= bound:
-                value = _feistel(value, keys, half_bits, half_mask)
+                value = _encrypt(value, keys, low_bits, size)
             out[i] = <int64_t>value

@@ -8,7 +8,8 @@ single-shard corpus has exactly the reference's ``len(token_ids) - block`` windo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import mmap
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,15 +42,39 @@ class Corpus:
             raise TypeError(
                 f"{name} must be a sequence of 1-D token arrays, got {type(shards).__name__}"
             )
-        arrays = tuple(
-            _validate.token_array(shard, f"{name}[{i}]") for i, shard in enumerate(shards)
-        )
+        names = [f"{name}[{i}]" for i in range(len(shards))]
+        arrays = [_validate.token_array(shard, names[i]) for i, shard in enumerate(shards)]
         if not arrays:
             raise ValueError(f"{name} must hold at least one shard")
-        dtypes = sorted({str(a.dtype) for a in arrays})
-        if len(dtypes) > 1:
-            raise ValueError(f"{name} mix token dtypes {dtypes}; every shard must have one dtype")
-        self.shards: tuple[np.ndarray, ...] = arrays
+        self._set_shards(arrays, names, name)
+
+    @classmethod
+    def from_validated(
+        cls, arrays: Sequence[np.ndarray], names: Sequence[str], name: str = "shards"
+    ) -> Corpus:
+        """A corpus of arrays already returned by :func:`tokstream._validate.token_array`.
+
+        For callers (such as :func:`tokstream.open_tokens`) that validated each shard under a
+        more telling name (its file) and must not pay for a second value scan of a uint64 file.
+        ``names`` label the shards in the mixed-dtype error, ``name`` the whole.
+        """
+        if not arrays:
+            raise ValueError(f"{name} must hold at least one shard")
+        corpus = cls.__new__(cls)
+        corpus._set_shards(arrays, names, name)
+        return corpus
+
+    def _set_shards(self, arrays: Sequence[np.ndarray], names: Sequence[str], name: str) -> None:
+        first_of_dtype: dict[str, str] = {}
+        for shard_name, array in zip(names, arrays, strict=True):
+            first_of_dtype.setdefault(str(array.dtype), shard_name)
+        if len(first_of_dtype) > 1:
+            examples = ", ".join(f"{n} is {d}" for d, n in first_of_dtype.items())
+            raise ValueError(
+                f"{name} mix token dtypes {sorted(first_of_dtype)} ({examples}); every shard "
+                "must have one dtype, since mixing usually means two tokenizers"
+            )
+        self.shards: tuple[np.ndarray, ...] = tuple(arrays)
         self.lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
 
     @classmethod
@@ -91,6 +116,44 @@ class Corpus:
     def num_windows(self, block: int) -> int:
         """How many ``(block + 1)``-token windows the corpus holds."""
         return int(self.window_offsets(block)[-1])
+
+    def memory_maps(self) -> Iterator[mmap.mmap]:
+        """The distinct ``mmap.mmap`` objects the shards are views of (none for in-RAM arrays).
+
+        Found by following each shard's ``.base`` chain, which ends at the ``mmap.mmap`` for a
+        ``np.memmap``, for ``np.load(..., mmap_mode=...)`` and for views of either.
+        """
+        seen: set[int] = set()
+        for shard in self.shards:
+            base: Any = shard
+            while base is not None and not isinstance(base, mmap.mmap):
+                base = getattr(base, "base", None)
+            if base is not None and id(base) not in seen and not base.closed:
+                seen.add(id(base))
+                yield base
+
+    def advise(self, random: bool) -> int:
+        """Tell the OS how the memory-mapped shards will be read; return how many were advised.
+
+        ``random=True`` (a shuffled epoch) sends ``MADV_RANDOM``: no read-ahead and no
+        fault-around, so each window faults in only the pages it touches. ``random=False`` sends
+        ``MADV_SEQUENTIAL``: aggressive read-ahead, and the pages already read are the first the
+        kernel reclaims. Advice is a hint: arrays in RAM are left alone, and on a platform
+        without ``madvise`` (or when the kernel refuses the hint) nothing happens and 0 mappings
+        are counted. Nothing about the batches changes either way.
+        """
+        advice_name = "MADV_RANDOM" if random else "MADV_SEQUENTIAL"
+        advice = getattr(mmap, advice_name, None)
+        if advice is None or not hasattr(mmap.mmap, "madvise"):
+            return 0
+        advised = 0
+        for mapping in self.memory_maps():
+            try:
+                mapping.madvise(advice)
+            except OSError:
+                continue
+            advised += 1
+        return advised
 
     def fingerprint(self) -> dict[str, Any]:
         """What a resumable state must match: shard lengths and dtype, never the tokens."""

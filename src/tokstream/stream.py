@@ -11,6 +11,15 @@ epoch, so that every rank yields the same number of batches of the same sizes) a
 takes positions ``r, r + W, r + 2W, ...``. Global step ``k`` (all ranks together) therefore
 consumes positions ``[k * W * batch_size, (k + 1) * W * batch_size)`` of the order, which depends
 only on ``W * batch_size``: that is what makes an elastic resume exact.
+
+The tail: each epoch, the last ``n % W`` positions of that epoch's order are not streamed (a
+shuffled order puts different windows there every epoch). ``drop_last=True`` also drops the
+final partial global batch, so an epoch streams the first ``(n // (W * B)) * W * B``
+positions. Every full global batch is therefore the same for any ``W`` of the same ``W * B``;
+without ``drop_last`` the final partial one holds the positions up to ``(n // W) * W`` and so
+depends on ``W``. An elastic resume continues exactly as a stream that ran with the new world
+from the start: the same full global batches as the old world, the new world's partial one
+(and a cursor that stands past the new world's shorter epoch starts the next epoch).
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ PERMUTATIONS = ("materialized", "implicit")
 STATE_VERSION = 1
 
 _MASK64 = (1 << 64) - 1
-_FEISTEL_ROUNDS = 8
+_FEISTEL_ROUNDS = 6
+_MT_WORDS = 624  # words of MT19937's state
 
 
 class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
@@ -74,6 +84,7 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         self.permutation = _validate.choice(permutation, "permutation", PERMUTATIONS)
 
         self._gather = WindowGather(self.corpus, self.block)
+        self.corpus.advise(self.shuffle)
         self.num_windows = self._gather.num_windows
         self.global_batch_size = self.world_size * self.batch_size
         self._lock = threading.Lock()
@@ -145,23 +156,20 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
             return np.arange(first, first + stride * count, stride, dtype=np.int64)
         if self.permutation == "implicit":
             starts = np.empty(count, dtype=np.int64)
-            half_bits, keys = self._feistel_keys()
-            permuted_positions(starts, first, stride, self.num_windows, half_bits, keys)
+            low_bits, high_size = implicit_domain(self.num_windows)
+            keys = implicit_round_keys(self.seed, self._epoch, _FEISTEL_ROUNDS)
+            permuted_positions(starts, first, stride, self.num_windows, low_bits, high_size, keys)
             return starts
         if self._order is None:
             self._epoch_rng_state = self._rng.get_state()
             self._order = self._rng.permutation(self.num_windows)
         return self._order[first : first + stride * count : stride]
 
-    def _feistel_keys(self) -> tuple[int, np.ndarray]:
-        half_bits = 1
-        while 4**half_bits < self.num_windows:
-            half_bits += 1
-        keys = implicit_round_keys(self.seed, self._epoch, _FEISTEL_ROUNDS)
-        return half_bits, keys
-
     def close(self) -> None:
-        """Stop the stream: every later ``next()`` raises StopIteration, as a closed generator."""
+        """Stop the stream: every later ``next()`` raises StopIteration, as a closed generator.
+
+        The epoch's order is freed; :meth:`state_dict` still reports where the stream stopped.
+        """
         with self._lock:
             self._closed = True
             self._order = None
@@ -190,17 +198,31 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """The cursor as a small JSON-serialisable dict (a few KB, no corpus data).
+        """The cursor as a small JSON-serialisable dict (about 5 KB, no corpus data).
+
+        ``config`` fingerprints everything that decides the global window sequence (corpus
+        shard lengths, ``block``, ``world_size * batch_size``, ``seed``, ``shuffle``,
+        ``permutation``, ``drop_last``); ``epoch`` and ``position`` (order positions consumed
+        this epoch by all ranks together) locate the cursor; ``rng_state`` is the
+        ``RandomState`` at the start of the current epoch (materialized shuffle only), from
+        which the epoch's order is drawn again. The state is global: every rank of a run holds
+        the same one, apart from the informational ``rank``, ``world_size`` and
+        ``batch_size``. ``epochs`` and ``targets`` are not part of it, so a finished run can be
+        extended with more epochs.
 
         Loading it into a stream built with the same arguments (or, elastically, with another
         ``world_size`` and ``batch_size`` of the same product) continues exactly where this one
-        stands.
+        stands, also after :meth:`close`.
         """
         with self._lock:
             rng_state = None
             if self.shuffle and self.permutation == "materialized":
-                state = self._epoch_rng_state if self._order is not None else None
-                rng_state = _encode_rng_state(state or self._rng.get_state())
+                # Once the epoch's order is drawn the generator has moved past it; until then
+                # (or after a load) it still stands at the epoch's start.
+                epoch_start = self._epoch_rng_state
+                rng_state = _encode_rng_state(
+                    epoch_start if epoch_start is not None else self._rng.get_state()
+                )
             return {
                 "version": STATE_VERSION,
                 "config": self._config(),
@@ -215,36 +237,32 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
     def load_state_dict(self, state: Any) -> None:
         """Move the cursor to ``state`` (from :meth:`state_dict`); the next batch follows it.
 
-        Raises ValueError naming the first setting that differs from this stream's, and
-        TypeError/ValueError for a malformed state, before anything about the stream changes.
+        A closed stream is reopened. Everything is checked before anything about the stream
+        changes, so a rejected state leaves the stream exactly as it was.
+
+        Raises
+        ------
+        ValueError
+            The state was saved by a stream of another configuration (the message names the
+            first setting that differs), or a field holds an impossible value.
+        TypeError
+            The state, or one of its fields, is the wrong kind of thing.
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         missing = {"version", "config", "epoch", "position", "rng_state"} - state.keys()
         if missing:
             raise ValueError(f"state is missing {sorted(missing)}")
-        if state["version"] != STATE_VERSION:
-            raise ValueError(f"state version {state['version']!r} is not {STATE_VERSION}")
-        saved = state["config"]
-        if not isinstance(saved, dict):
-            raise TypeError(f"state['config'] must be a dict, got {type(saved).__name__}")
-        for key, here in self._config().items():
-            if key not in saved:
-                raise ValueError(f"state['config'] is missing {key!r}")
-            if saved[key] != here or type(saved[key]) is not type(here):
-                if key == "global_batch_size":
-                    raise ValueError(
-                        f"state was saved with world_size * batch_size = {saved[key]!r}, this "
-                        f"stream has {self.world_size} * {self.batch_size} = {here}; an elastic "
-                        "resume must keep the global batch size"
-                    )
-                raise ValueError(f"state was saved with {key}={saved[key]!r}, this stream has {here!r}")
-        epoch = _validate.nonnegative_int(state["epoch"], "state['epoch']")
-        position = _validate.nonnegative_int(state["position"], "state['position']")
+        version = _state_int(state["version"], "state['version']")
+        if version != STATE_VERSION:
+            raise ValueError(f"state['version'] = {version} is not {STATE_VERSION}")
+        self._check_config(state["config"])
+        epoch = _state_int(state["epoch"], "state['epoch']")
+        position = _state_int(state["position"], "state['position']")
         if position % self.global_batch_size:
             raise ValueError(
                 f"state['position'] = {position} is not a multiple of the global batch size "
-                f"{self.global_batch_size}"
+                f"world_size * batch_size = {self.global_batch_size}"
             )
         steps_done = position // self.global_batch_size
         if steps_done > self.batches_per_epoch:
@@ -256,7 +274,10 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         if self.shuffle and self.permutation == "materialized":
             rng_state = _decode_rng_state(state["rng_state"])
         elif state["rng_state"] is not None:
-            raise ValueError("state['rng_state'] must be None for a stream without a random order")
+            raise ValueError(
+                "state['rng_state'] must be None for a stream without a random order drawn "
+                f"from RandomState (shuffle={self.shuffle}, permutation={self.permutation!r})"
+            )
         with self._lock:
             if rng_state is not None:
                 self._rng.set_state(rng_state)
@@ -273,6 +294,42 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
                 self._epoch += 1
                 self._position = 0
 
+    def _check_config(self, saved: Any) -> None:
+        if not isinstance(saved, dict):
+            raise TypeError(f"state['config'] must be a dict, got {type(saved).__name__}")
+        for key, here in self._config().items():
+            if key not in saved:
+                raise ValueError(f"state['config'] is missing {key!r}")
+            value = saved[key]
+            if type(value) is not type(here):
+                raise TypeError(
+                    f"state['config'][{key!r}] must be {_KIND[type(here)]}, got {value!r} "
+                    f"({type(value).__name__})"
+                )
+            if value == here:
+                continue
+            if key == "global_batch_size":
+                raise ValueError(
+                    f"state was saved with world_size * batch_size = {value}, this stream has "
+                    f"{self.world_size} * {self.batch_size} = {here}; a resume, elastic or "
+                    "not, must keep the global batch size"
+                )
+            raise ValueError(
+                f"state was saved with {key}={value!r}, but this stream has {key}={here!r}"
+            )
+
+
+_KIND = {int: "an int", bool: "a bool", str: "a str", float: "a float"}
+
+
+def _state_int(value: Any, name: str) -> int:
+    """A nonnegative int field of a state; JSON keeps ints ints, so nothing else is accepted."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < 0:
+        raise ValueError(f"{name} must be nonnegative, got {value}")
+    return value
+
 
 def _encode_rng_state(state: tuple) -> dict[str, Any]:
     name, keys, pos, has_gauss, cached_gaussian = state
@@ -286,29 +343,54 @@ def _encode_rng_state(state: tuple) -> dict[str, Any]:
 
 
 def _decode_rng_state(encoded: Any) -> tuple:
+    """The ``RandomState.get_state()`` tuple of an encoded state, every field checked."""
+    where = "state['rng_state']"
     if not isinstance(encoded, dict):
-        raise TypeError(f"state['rng_state'] must be a dict, got {type(encoded).__name__}")
-    try:
-        name = encoded["bit_generator"]
-        key_hex = encoded["key"]
-        pos = _validate.nonnegative_int(encoded["pos"], "state['rng_state']['pos']")
-        has_gauss = _validate.nonnegative_int(encoded["has_gauss"], "state['rng_state']['has_gauss']")
-        cached = encoded["cached_gaussian"]
-    except KeyError as exc:
-        raise ValueError(f"state['rng_state'] is missing {exc.args[0]!r}") from None
+        raise TypeError(f"{where} must be a dict, got {type(encoded).__name__}")
+    fields = ("bit_generator", "key", "pos", "has_gauss", "cached_gaussian")
+    missing = [field for field in fields if field not in encoded]
+    if missing:
+        raise ValueError(f"{where} is missing {missing[0]!r}")
+    name, key_hex = encoded["bit_generator"], encoded["key"]
     if name != "MT19937":
-        raise ValueError(f"state['rng_state']['bit_generator'] must be 'MT19937', got {name!r}")
-    if not isinstance(key_hex, str) or len(key_hex) != 624 * 8:
-        raise ValueError("state['rng_state']['key'] must be 624 words as 4992 hex digits")
+        raise ValueError(f"{where}['bit_generator'] must be 'MT19937', got {name!r}")
+    if not isinstance(key_hex, str):
+        raise TypeError(f"{where}['key'] must be a str, got {type(key_hex).__name__}")
+    if len(key_hex) != _MT_WORDS * 8:
+        raise ValueError(
+            f"{where}['key'] must be {_MT_WORDS} words as {_MT_WORDS * 8} hex digits, "
+            f"got {len(key_hex)} characters"
+        )
     try:
         keys = np.frombuffer(bytes.fromhex(key_hex), dtype="<u4").astype(np.uint32)
     except ValueError:
-        raise ValueError("state['rng_state']['key'] is not a hex string") from None
-    if pos > 624:
-        raise ValueError(f"state['rng_state']['pos'] must be at most 624, got {pos}")
-    if has_gauss not in (0, 1) or not isinstance(cached, float):
-        raise ValueError("state['rng_state'] has a malformed gaussian cache")
+        raise ValueError(f"{where}['key'] is not a hex string") from None
+    if not keys.any():
+        # MT19937 never reaches the all-zero state; from it, it would draw zeros forever.
+        raise ValueError(f"{where}['key'] is all zeros, which no MT19937 generator produces")
+    pos = _state_int(encoded["pos"], f"{where}['pos']")
+    if pos > _MT_WORDS:
+        raise ValueError(f"{where}['pos'] must be at most {_MT_WORDS}, got {pos}")
+    has_gauss = _state_int(encoded["has_gauss"], f"{where}['has_gauss']")
+    if has_gauss > 1:
+        raise ValueError(f"{where}['has_gauss'] must be 0 or 1, got {has_gauss}")
+    cached = encoded["cached_gaussian"]
+    if not isinstance(cached, float):
+        raise TypeError(
+            f"{where}['cached_gaussian'] must be a float, got {cached!r} ({type(cached).__name__})"
+        )
     return ("MT19937", keys, pos, has_gauss, cached)
+
+
+def implicit_domain(n: int) -> tuple[int, int]:
+    """``(low_bits, high_size)`` of the implicit permutation's domain for ``n >= 1`` windows.
+
+    The domain ``high_size * 2**low_bits`` is the smallest multiple of ``2**low_bits`` that is
+    ``>= n``, with ``2**low_bits`` about ``sqrt(n)``: it overshoots n by less than ``2**low_bits``.
+    """
+    low_bits = ((n - 1).bit_length() + 1) // 2
+    high_size = -(-n // (1 << low_bits))
+    return low_bits, high_size
 
 
 def implicit_round_keys(seed: int, epoch: int, rounds: int) -> np.ndarray:

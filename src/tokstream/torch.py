@@ -1,0 +1,176 @@
+"""PyTorch adapter: a token stream as an ``IterableDataset``, sharded over ranks and workers.
+
+Only this module needs PyTorch (the ``tokstream[torch]`` extra); ``import tokstream`` never
+imports it.
+
+Sharding. On rank ``r`` of ``W`` (from ``torch.distributed`` when a process group is
+initialized, unless given explicitly), a ``DataLoader(dataset, batch_size=None,
+num_workers=K)`` runs ``K`` copies of the dataset, and worker ``w`` streams as the effective
+rank ``r * K + w`` of an effective world of ``W * K`` (``K = 1`` without workers). So the whole
+job sees every window once per epoch less the tail of :mod:`tokstream.stream` for that effective
+world (the last ``n % (W * K)`` positions of each epoch's order); every worker yields the same
+number of batches, so the DataLoader's round-robin over its workers never runs dry on one
+worker early, and every rank yields the same number of batches, as DDP needs.
+
+Resume. :meth:`TokenDataset.state_dict` is the cursor of the stream of the calling process or
+worker, in the form torchdata's ``StatefulDataLoader`` expects of a dataset: it calls it inside
+each worker and hands each worker its own state back through
+:meth:`TokenDataset.load_state_dict` before the next ``iter()``. Without workers
+(``num_workers=0``) call the two methods yourself. Since the effective world is ``W * K``, a
+state resumes on any ``(W', K', batch_size')`` with ``W' * K' * batch_size' == W * K *
+batch_size`` (``StatefulDataLoader`` itself also insists on the same ``K``); every rank holds
+the same state, so saving rank 0's is enough.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+try:
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess without torch
+    raise ImportError(
+        "tokstream.torch needs PyTorch, which could not be imported; install the extra with "
+        "`pip install 'tokstream[torch]'`. Original error: " + str(exc)
+    ) from exc
+
+from tokstream import _validate
+from tokstream.corpus import Corpus
+from tokstream.stream import TokenStream
+
+__all__ = ["TokenDataset"]
+
+
+class TokenDataset(IterableDataset):
+    """Batches of ``(windows, targets)`` int64 tensors from a :class:`tokstream.TokenStream`.
+
+    The arguments are those of :func:`tokstream.stream_token_source`, checked when the dataset
+    is built; ``rank`` and ``world_size`` default to the initialized ``torch.distributed``
+    process group (one process without one), so build the dataset after
+    ``init_process_group``. Each batch is already whole: use ``DataLoader(dataset,
+    batch_size=None)``. The tensors share memory with the stream's fresh NumPy arrays
+    (``torch.from_numpy``, no copy) and belong to the caller.
+
+    Each ``iter()`` is one pass over all ``epochs`` epochs, from the start or, after
+    :meth:`load_state_dict`, from the loaded cursor.
+    """
+
+    def __init__(
+        self,
+        token_ids: Any,
+        block: int,
+        batch_size: int,
+        *,
+        epochs: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        targets: str = "next",
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        permutation: str = "materialized",
+    ) -> None:
+        super().__init__()
+        self.rank, self.world_size = _distributed_share(rank, world_size)
+        self.corpus = Corpus.from_tokens(token_ids)
+        self._controls = {
+            "block": block,
+            "batch_size": batch_size,
+            "epochs": epochs,
+            "shuffle": shuffle,
+            "seed": seed,
+            "targets": targets,
+            "drop_last": drop_last,
+            "permutation": permutation,
+        }
+        self._new_stream(self.rank, self.world_size)  # every argument is checked now
+        self._stream: TokenStream | None = None
+        self._resume_state: dict[str, Any] | None = None
+        self._resume_share: tuple[int, int] | None = None
+
+    def _new_stream(self, rank: int, world_size: int) -> TokenStream:
+        return TokenStream(self.corpus, rank=rank, world_size=world_size, **self._controls)
+
+    def _share(self) -> tuple[int, int]:
+        """``(effective rank, effective world size)`` of the calling process or worker."""
+        info = get_worker_info()
+        if info is None:
+            return self.rank, self.world_size
+        return self.rank * info.num_workers + info.id, self.world_size * info.num_workers
+
+    def num_batches(self, num_workers: int = 0) -> int:
+        """Batches one rank's ``DataLoader`` with ``num_workers`` workers yields per ``iter()``."""
+        workers = max(_validate.nonnegative_int(num_workers, "num_workers"), 1)
+        stream = self._new_stream(self.rank * workers, self.world_size * workers)
+        return workers * len(stream)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        share = self._share()
+        stream = self._new_stream(*share)
+        if self._resume_state is not None:
+            if share != self._resume_share:
+                raise ValueError(
+                    f"a state was loaded as rank {self._resume_share[0]} of "
+                    f"{self._resume_share[1]} (rank * num_workers + worker of world_size * "
+                    f"num_workers), but is iterated as {share[0]} of {share[1]}; with DataLoader "
+                    "workers, load each worker's own state through torchdata's "
+                    "StatefulDataLoader, or use num_workers=0"
+                )
+            stream.load_state_dict(self._resume_state)
+            self._resume_state = self._resume_share = None
+        self._stream = stream
+        for windows, targets in stream:
+            yield torch.from_numpy(windows), torch.from_numpy(targets)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor of this process' (or worker's) stream, a small JSON-serialisable dict.
+
+        After a finished pass it is the start of the next pass, which begins from the first
+        epoch again (the convention of torchdata's ``StatefulDataLoader``).
+        """
+        if self._resume_state is not None:
+            return copy.deepcopy(self._resume_state)
+        stream = self._stream
+        if stream is None or stream.__length_hint__() == 0:
+            stream = self._new_stream(*self._share())
+        return stream.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next ``iter()`` continue from ``state`` (from :meth:`state_dict`).
+
+        Checked now, against the calling process' or worker's share, with the errors of
+        :meth:`tokstream.TokenStream.load_state_dict`.
+        """
+        share = self._share()
+        self._new_stream(*share).load_state_dict(state)
+        self._resume_state, self._resume_share = copy.deepcopy(state), share
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spawned DataLoader workers receive a pickled copy; a running stream (and its lock)
+        # stays behind, a loaded state travels with it.
+        state = self.__dict__.copy()
+        state["_stream"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenDataset(rank={self.rank}/{self.world_size}, windows="
+            f"{self.corpus.num_windows(self._controls['block'])}, {self._controls})"
+        )
+
+
+def _distributed_share(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit ``rank``/``world_size`` win; else the process group's; else one process."""
+    default_rank, default_world = 0, 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        default_rank = torch.distributed.get_rank()
+        default_world = torch.distributed.get_world_size()
+    world_size = default_world if world_size is None else world_size
+    rank = default_rank if rank is None else rank
+    return (
+        _validate.nonnegative_int(rank, "rank"),
+        _validate.positive_int(world_size, "world_size"),
+    )
