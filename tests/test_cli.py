@@ -240,7 +240,8 @@ def test_bench_file_that_does_not_exist_exits_1(tmp_path):
 
 
 def test_bench_on_a_token_file(tmp_path):
-    files = pytest.importorskip("tokstream.files")
+    from tokstream import files
+
     path = tmp_path / "tokens.npy"
     files.write_tokens(path, np.arange(3000, dtype=np.uint16) % 50257, format="npy")
     code, out, err = run(
