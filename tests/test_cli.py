@@ -201,6 +201,18 @@ def test_bench_plot_without_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
     assert out == "" and not target.exists()
 
 
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [("no/such/dir/bench.png", "does not exist"), ("bench.xyz", "cannot write .xyz files")],
+)
+def test_bench_plot_target_is_checked_before_the_run(tmp_path, target, message):
+    pytest.importorskip("matplotlib")
+    code, out, err = run("bench", *TINY, "--plot", str(tmp_path / target))
+    assert code == 1 and out == ""
+    assert err.startswith("tokstream bench: error: --plot ") and message in err
+    assert "[1/2]" not in err  # nothing was measured
+
+
 def test_bench_with_no_window_in_the_corpus_exits_1_with_one_line():
     code, out, err = run("bench", "--tokens", "8", "--block", "8", "--quiet")
     assert code == 1

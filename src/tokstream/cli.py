@@ -252,6 +252,8 @@ def measure_case(
     epoch permutation and is the one checked against the fast path's). The rounds then take
     turns between the paths, each round starting with a different path, so a drift of the
     machine's speed spreads over all of them; the ratios therefore come from the same minutes.
+    A corpus too small for one epoch to hold every round runs several epochs, and the later
+    epochs' permutations then fall inside the timing.
     """
     needed = 1 + rounds * batches
     case.epochs = baselines.epochs_for(ids.shape[0], case.block, case.batch_size, needed)
@@ -348,13 +350,25 @@ def geometric_mean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def _require_matplotlib() -> None:
+def _check_plot_target(path: str) -> None:
+    """Fail before the benchmark runs, not after, when ``--plot`` cannot be written."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401  (the package first: its submodules may be cached)
+        from matplotlib.figure import Figure
     except ImportError:
         raise CommandError(
             "--plot needs matplotlib, which is not installed: pip install 'tokstream[plot]'"
         ) from None
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise CommandError(f"--plot {path}: the directory {str(target.parent)!r} does not exist")
+    suffix = target.suffix.lower().lstrip(".")
+    supported = Figure().canvas.get_supported_filetypes()
+    if suffix and suffix not in supported:
+        raise CommandError(
+            f"--plot {path}: matplotlib cannot write .{suffix} files; use one of "
+            f"{', '.join(sorted(supported))}"
+        )
 
 
 def plot_cases(cases: Sequence[Case], paths: Sequence[str], path: str, title: str) -> None:
@@ -453,7 +467,7 @@ def cmd_bench(
 ) -> int:
     shapes = _shapes(args, parser)
     if args.plot is not None:
-        _require_matplotlib()
+        _check_plot_target(args.plot)
     paths = _bench_paths(args, stderr)
     progress = Progress(None if args.quiet else stderr)
     started = time.perf_counter()
