@@ -34,6 +34,7 @@ import numpy as np
 from tokstream import _validate
 from tokstream._windows import permuted_positions
 from tokstream.corpus import Corpus, WindowGather
+from tokstream.prefetch import Prefetcher
 
 TARGETS = ("next", "shifted")
 PERMUTATIONS = ("materialized", "implicit")
@@ -51,6 +52,12 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
     memory the caller owns: ``windows`` is a C-contiguous, writeable ``(b, block)`` int64 array
     and the targets are ``(b,)`` int64 next tokens (``targets="next"``) or the ``(b, block)``
     windows shifted by one token (``targets="shifted"``).
+
+    With ``reuse_buffers=k`` the stream instead cycles through ``k`` preallocated batches: the
+    arrays it returns are overwritten ``k`` batches later, so a caller that keeps a batch longer
+    copies it. With ``prefetch=p`` a background thread assembles up to ``p`` batches ahead (the
+    kernel runs without the GIL); :meth:`state_dict` still reports the batches delivered, not
+    the ones assembled, and :meth:`close` (or dropping the stream) stops the thread.
 
     One stream may be shared between threads: each ``next()`` is atomic, so the threads receive
     disjoint batches of the one sequence (in an order that depends on scheduling).
@@ -70,6 +77,8 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         world_size: Any = 1,
         drop_last: Any = False,
         permutation: str = "materialized",
+        prefetch: Any = 0,
+        reuse_buffers: Any = 0,
     ) -> None:
         self.corpus = Corpus.from_tokens(token_ids)
         self.block, self.batch_size, self.epochs, self.shuffle, self.seed = (
@@ -82,6 +91,14 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
             raise ValueError(f"rank must be below world_size={self.world_size}, got {self.rank}")
         self.drop_last = _validate.exact_bool(drop_last, "drop_last")
         self.permutation = _validate.choice(permutation, "permutation", PERMUTATIONS)
+        self.prefetch = _validate.nonnegative_int(prefetch, "prefetch")
+        self.reuse_buffers = _validate.nonnegative_int(reuse_buffers, "reuse_buffers")
+        if self.reuse_buffers and self.prefetch and self.reuse_buffers < self.prefetch + 2:
+            raise ValueError(
+                f"reuse_buffers must be at least prefetch + 2 = {self.prefetch + 2} (the queued "
+                "batches, the one being assembled and the one the caller holds), got "
+                f"{self.reuse_buffers}"
+            )
 
         self._gather = WindowGather(self.corpus, self.block)
         self.corpus.advise(self.shuffle)
@@ -92,9 +109,29 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         self._epoch = 0
         self._position = 0  # order positions consumed this epoch, by all ranks together
         self._order: np.ndarray | None = None
-        self._epoch_rng_state: tuple | None = None
+        # The generator at the start of the current epoch, from which its order is drawn.
+        self._epoch_rng_state = self._rng.get_state() if self._draws_orders else None
         self._closed = False
         self._plan_epoch()
+        self._ring = self._allocate_ring()
+        self._ring_next = 0
+        self._prefetcher: Prefetcher | None = None
+        self._deliver_lock = threading.Lock()
+        # (epoch, position, epoch_rng_state) after the last batch handed out, while a prefetch
+        # thread runs ahead of it; None when the live cursor is the delivered one.
+        self._delivered: tuple | None = None
+
+    @property
+    def _draws_orders(self) -> bool:
+        return self.shuffle and self.permutation == "materialized"
+
+    def _allocate_ring(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        rows = min(self.batch_size, max(self.positions_per_epoch // self.world_size, 1))
+        target_shape = (rows,) if self.targets == "next" else (rows, self.block)
+        return [
+            (np.empty((rows, self.block), np.int64), np.empty(target_shape, np.int64))
+            for _ in range(self.reuse_buffers)
+        ]
 
     # ------------------------------------------------------------------ sizes
 
@@ -110,10 +147,17 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
 
     def __length_hint__(self) -> int:
         """Batches still to come from the current cursor."""
-        if self._closed or self._epoch >= self.epochs:
+        epoch, position, _ = self._cursor()
+        if self._closed or epoch >= self.epochs:
             return 0
-        done = self._position // self.global_batch_size
-        return (self.epochs - self._epoch) * self.batches_per_epoch - done
+        done = position // self.global_batch_size
+        return (self.epochs - epoch) * self.batches_per_epoch - done
+
+    def _cursor(self) -> tuple:
+        """(epoch, position, epoch_rng_state) after the last batch the caller received."""
+        if self._delivered is not None:
+            return self._delivered
+        return self._epoch, self._position, self._epoch_rng_state
 
     # ------------------------------------------------------------------ iteration
 
@@ -121,21 +165,44 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         return self
 
     def __next__(self) -> tuple[np.ndarray, np.ndarray]:
-        with self._lock:
-            if self._closed or self._epoch >= self.epochs or self.batches_per_epoch == 0:
+        if not self.prefetch:
+            with self._lock:
+                return self._produce()
+        with self._deliver_lock:
+            if self._closed:
                 raise StopIteration
-            base = self._position
-            count = min(self.batch_size, (self.positions_per_epoch - base) // self.world_size)
-            starts = self._starts(base + self.rank, count)
-            windows = np.empty((count, self.block), dtype=np.int64)
-            if self.targets == "next":
-                targets = np.empty(count, dtype=np.int64)
-                self._gather(starts, windows, next_tokens=targets)
-            else:
-                targets = np.empty((count, self.block), dtype=np.int64)
-                self._gather(starts, windows, targets=targets)
-            self._advance()
+            if self._prefetcher is None:
+                self._delivered = self._epoch, self._position, self._epoch_rng_state
+                self._prefetcher = Prefetcher(self, TokenStream._produce_ahead, self.prefetch)
+            windows, targets, self._delivered = self._prefetcher.get()
             return windows, targets
+
+    def _produce_ahead(self) -> tuple[np.ndarray, np.ndarray, tuple]:
+        with self._lock:
+            windows, targets = self._produce()
+            return windows, targets, (self._epoch, self._position, self._epoch_rng_state)
+
+    def _produce(self) -> tuple[np.ndarray, np.ndarray]:
+        """Assemble the batch at the live cursor and advance it; the caller holds the lock."""
+        if self._closed or self._epoch >= self.epochs or self.batches_per_epoch == 0:
+            raise StopIteration
+        base = self._position
+        count = min(self.batch_size, (self.positions_per_epoch - base) // self.world_size)
+        starts = self._starts(base + self.rank, count)
+        if self._ring:
+            windows, targets = self._ring[self._ring_next]
+            self._ring_next = (self._ring_next + 1) % len(self._ring)
+            windows, targets = windows[:count], targets[:count]
+        else:
+            windows = np.empty((count, self.block), dtype=np.int64)
+            target_shape = (count,) if self.targets == "next" else (count, self.block)
+            targets = np.empty(target_shape, dtype=np.int64)
+        if self.targets == "next":
+            self._gather(starts, windows, next_tokens=targets)
+        else:
+            self._gather(starts, windows, targets=targets)
+        self._advance()
+        return windows, targets
 
     def _advance(self) -> None:
         self._position += self.global_batch_size
@@ -143,7 +210,8 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
             self._epoch += 1
             self._position = 0
             self._order = None
-            self._epoch_rng_state = None
+            if self._draws_orders:
+                self._epoch_rng_state = self._rng.get_state()
 
     def _starts(self, first: int, count: int) -> np.ndarray:
         """Window indices at order positions ``first, first + W, ...`` (``count`` of them).
@@ -161,7 +229,6 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
             permuted_positions(starts, first, stride, self.num_windows, low_bits, high_size, keys)
             return starts
         if self._order is None:
-            self._epoch_rng_state = self._rng.get_state()
             self._order = self._rng.permutation(self.num_windows)
         return self._order[first : first + stride * count : stride]
 
@@ -170,9 +237,16 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
 
         The epoch's order is freed; :meth:`state_dict` still reports where the stream stopped.
         """
-        with self._lock:
-            self._closed = True
-            self._order = None
+        with self._deliver_lock:
+            self._stop_prefetcher()
+            with self._lock:
+                self._closed = True
+                self._order = None
+
+    def _stop_prefetcher(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
 
     def __repr__(self) -> str:
         return (
@@ -215,20 +289,15 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         stands, also after :meth:`close`.
         """
         with self._lock:
-            rng_state = None
-            if self.shuffle and self.permutation == "materialized":
-                # Once the epoch's order is drawn the generator has moved past it; until then
-                # (or after a load) it still stands at the epoch's start.
-                epoch_start = self._epoch_rng_state
-                rng_state = _encode_rng_state(
-                    epoch_start if epoch_start is not None else self._rng.get_state()
-                )
+            epoch, position, epoch_rng_state = self._cursor()
             return {
                 "version": STATE_VERSION,
                 "config": self._config(),
-                "epoch": self._epoch,
-                "position": self._position,
-                "rng_state": rng_state,
+                "epoch": epoch,
+                "position": position,
+                "rng_state": (
+                    None if epoch_rng_state is None else _encode_rng_state(epoch_rng_state)
+                ),
                 "rank": self.rank,
                 "world_size": self.world_size,
                 "batch_size": self.batch_size,
@@ -278,21 +347,24 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
                 "state['rng_state'] must be None for a stream without a random order drawn "
                 f"from RandomState (shuffle={self.shuffle}, permutation={self.permutation!r})"
             )
-        with self._lock:
-            if rng_state is not None:
-                self._rng.set_state(rng_state)
-            self._epoch = epoch
-            self._position = position
-            self._order = None
-            self._epoch_rng_state = None
-            self._closed = False
-            if steps_done == self.batches_per_epoch and position:
-                # Only an elastic resume gets here: the saved world size cut the epoch's tail
-                # later than this one does, so this epoch is already over.
+        with self._deliver_lock:
+            self._stop_prefetcher()
+            with self._lock:
                 if rng_state is not None:
-                    self._rng.permutation(self.num_windows)
-                self._epoch += 1
-                self._position = 0
+                    self._rng.set_state(rng_state)
+                self._epoch = epoch
+                self._position = position
+                self._order = None
+                self._closed = False
+                self._delivered = None
+                if steps_done == self.batches_per_epoch and position:
+                    # Only an elastic resume gets here: the saved world size cut the epoch's
+                    # tail later than this one does, so this epoch is already over.
+                    if rng_state is not None:
+                        self._rng.permutation(self.num_windows)
+                    self._epoch += 1
+                    self._position = 0
+                self._epoch_rng_state = self._rng.get_state() if self._draws_orders else None
 
     def _check_config(self, saved: Any) -> None:
         if not isinstance(saved, dict):
@@ -419,6 +491,8 @@ def stream_token_source(
     world_size: int = 1,
     drop_last: bool = False,
     permutation: str = "materialized",
+    prefetch: int = 0,
+    reuse_buffers: int = 0,
 ) -> TokenStream:
     """Stream ``(windows, targets)`` micro-batches out of a token array, never stacking windows.
 
@@ -448,6 +522,13 @@ def stream_token_source(
         ``"materialized"``: the reference's ``RandomState`` permutation (exact parity; one
         O(windows) int64 array per epoch). ``"implicit"``: a keyed pseudo-random bijection
         evaluated per position, no O(windows) memory; a different order from the reference's.
+    prefetch
+        Batches a background thread assembles ahead of the caller (0: none, the default).
+    reuse_buffers
+        0 (default): every batch is fresh memory the caller owns. ``k >= 1``: the stream
+        cycles through ``k`` preallocated batches, so a batch is overwritten ``k`` batches
+        later (saves the page faults of a fresh multi-MB buffer per batch). With prefetching it
+        must be at least ``prefetch + 2``.
 
     Returns
     -------
@@ -482,4 +563,6 @@ def stream_token_source(
         world_size=world_size,
         drop_last=drop_last,
         permutation=permutation,
+        prefetch=prefetch,
+        reuse_buffers=reuse_buffers,
     )
