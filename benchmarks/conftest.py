@@ -9,8 +9,8 @@ compare with the last saved run. Environment variables shrink it for a quick loo
 ``TOKSTREAM_BENCH_ROUNDS``, ``TOKSTREAM_BENCH_BATCHES``
     timed rounds per benchmark (default 5) and batches per round (default 40).
 
-At the end of the run a table of median Mtok/s per path with the ``fast/...`` ratios is printed,
-one row per group (corpus dtype, order, shape), from the same process and run.
+At the end of the run a table of median Mtok/s per path with the ratios ``tokstream bench``
+reports is printed, one row per group (corpus dtype, order, shape), from the same run.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+
+from tokstream.cli import PATH_LABELS, RATIOS, ratio
 
 VOCAB_SIZE = 50257
 SEED = 0
@@ -94,34 +96,25 @@ def results() -> Results:
     return _RESULTS
 
 
-_LABELS = {
-    "reference": "reference",
-    "best_numpy": "best NumPy",
-    "nanogpt": "nanoGPT",
-    "fast": "fast",
-    "copy_limit": "copy limit",
-    "gather_limit": "gather Mwin/s",
-}
-
-
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    """Print median Mtok/s per path and the ratios of the fast path, one row per group."""
+    """Print median Mtok/s per path and the ratios of ``tokstream bench``, one row per group."""
     if not _RESULTS.rates:
         return
-    paths = [p for p in _LABELS if any(p in row for row in _RESULTS.rates.values())]
-    denominators = [p for p in paths if p != "fast"]
-    header = ["group", *(_LABELS[p] for p in paths), *(f"fast/{p}" for p in denominators)]
+    paths = [p for p in PATH_LABELS if any(p in row for row in _RESULTS.rates.values())]
+    ratios = [(top, bottom, label) for top, bottom, label in RATIOS if {top, bottom} <= set(paths)]
+    labels = [PATH_LABELS[p] + (" Mwin/s" if p == "gather_limit" else "") for p in paths]
+    header = ["group", *labels, *(label for _, _, label in ratios)]
     lines = []
     for group, row in _RESULTS.rates.items():
+        block = int(group.split("block=")[1].split()[0])
         cells = [group]
         cells += [f"{row[p]:,.1f}" if p in row else "-" for p in paths]
-        for p in denominators:
-            if p in row and "fast" in row:
-                block = int(group.split("block=")[1].split()[0])
-                fast = row["fast"] / block if p == "gather_limit" else row["fast"]
-                cells.append(f"{fast / row[p]:.2f}x")
-            else:
-                cells.append("-")
+        cells += [
+            f"{ratio(top, bottom, row[top], row[bottom], block):.2f}x"
+            if top in row and bottom in row
+            else "-"
+            for top, bottom, _ in ratios
+        ]
         lines.append(cells)
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
     terminalreporter.section(

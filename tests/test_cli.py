@@ -116,9 +116,9 @@ def test_bench_prints_a_table_of_every_path_with_ratios():
     assert err == ""
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("| dtype"))
-    for label in ("reference", "best NumPy", "fast", "copy limit", "gather limit"):
+    for label in ("reference", "best NumPy", "fast", "fast (reuse)", "copy limit", "gather limit"):
         assert label in header
-    for ratio in ("fast/ref", "fast/NumPy", "fast/copy", "fast win/gather"):
+    for ratio in ("fast/ref", "fast/NumPy", "fast/copy", "reuse/copy", "fast win/gather"):
         assert ratio in header
     assert ("nanoGPT" in header) == baselines.torch_available()
     rows = [line for line in lines if line.startswith("| int64")]
@@ -155,6 +155,14 @@ def test_bench_json_holds_every_round_and_consistent_ratios():
         assert ratios["fast/gather_limit"] == pytest.approx(
             fast / case["block"] / case["paths"]["gather_limit"]["median"]
         )
+        assert ratios["fast_reuse/copy_limit"] == pytest.approx(
+            case["paths"]["fast_reuse"]["median"] / case["paths"]["copy_limit"]["median"]
+        )
+        expected_ratios = {"fast/reference", "fast/best_numpy", "fast/copy_limit",
+                           "fast_reuse/copy_limit", "fast/gather_limit"}
+        if baselines.torch_available():
+            expected_ratios.add("fast/nanogpt")
+        assert set(ratios) == expected_ratios
 
 
 def test_bench_sequential_order_dtypes_and_chosen_paths():

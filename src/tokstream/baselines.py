@@ -5,10 +5,11 @@ the same code. Every path is a function ``path(token_ids, block, batch_size, *, 
 shuffle=True, seed=0)`` returning an iterator of tuples whose first element holds one row per
 window (its ``len()`` is the batch's window count):
 
-``reference``, ``best_numpy``, ``nanogpt``, ``fast``
+``reference``, ``best_numpy``, ``nanogpt``, ``fast``, ``fast_reuse``
     Yield ``(windows, next_tokens)``: the same batches in the same order as
     :func:`tokstream.stream_token_source`, so their outputs can be asserted identical before they
-    are timed (``nanogpt`` yields torch tensors holding the same values).
+    are timed (``nanogpt`` yields torch tensors holding the same values; ``fast_reuse``
+    overwrites each batch two batches later).
 ``copy_limit``
     Yields ``(buffer,)``: a reused ``(b, block)`` int64 buffer filled by ``np.copyto`` from one
     random offset of the corpus per batch. It moves the same tokens per batch as the fast path
@@ -48,6 +49,7 @@ __all__ = [
     "copy_limit",
     "epochs_for",
     "fast",
+    "fast_reuse",
     "gather_limit",
     "nanogpt",
     "reference",
@@ -90,6 +92,20 @@ def fast(
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """tokstream's fast path, :func:`tokstream.stream_token_source`, with its defaults."""
     return _fast(token_ids, block, batch_size, epochs=epochs, shuffle=shuffle, seed=seed)
+
+
+def fast_reuse(
+    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    seed: int = 0,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The fast path cycling through two preallocated batches (``reuse_buffers=2``).
+
+    Same batches as :func:`fast`, but each is overwritten two batches later: no fresh
+    multi-MB allocation (and its page faults) per batch.
+    """
+    return _fast(
+        token_ids, block, batch_size, epochs=epochs, shuffle=shuffle, seed=seed, reuse_buffers=2
+    )
 
 
 def best_numpy(
@@ -290,6 +306,7 @@ LOADERS: dict[str, Path] = {
     "best_numpy": best_numpy,
     "nanogpt": nanogpt,
     "fast": fast,
+    "fast_reuse": fast_reuse,
 }
 
 #: The ceilings: same tokens moved (``copy_limit``) or same windows touched (``gather_limit``).

@@ -53,18 +53,20 @@ PATH_LABELS = {
     "best_numpy": "best NumPy",
     "nanogpt": "nanoGPT",
     "fast": "fast",
+    "fast_reuse": "fast (reuse)",
     "copy_limit": "copy limit",
     "gather_limit": "gather limit",
 }
-#: Ratios reported for each shape: ``fast / denominator`` (the gather limit in windows/s).
-RATIO_DENOMINATORS = ("reference", "best_numpy", "nanogpt", "copy_limit", "gather_limit")
-RATIO_LABELS = {
-    "fast/reference": "fast/ref",
-    "fast/best_numpy": "fast/NumPy",
-    "fast/nanogpt": "fast/nanoGPT",
-    "fast/copy_limit": "fast/copy",
-    "fast/gather_limit": "fast win/gather",
-}
+#: Ratios reported for each shape: (numerator, denominator, table label). The gather limit
+#: counts windows, so the ratio to it compares windows per second.
+RATIOS = (
+    ("fast", "reference", "fast/ref"),
+    ("fast", "best_numpy", "fast/NumPy"),
+    ("fast", "nanogpt", "fast/nanoGPT"),
+    ("fast", "copy_limit", "fast/copy"),
+    ("fast_reuse", "copy_limit", "reuse/copy"),
+    ("fast", "gather_limit", "fast win/gather"),
+)
 
 
 class CommandError(Exception):
@@ -174,17 +176,12 @@ class Case:
         return statistics.median(self.rates[path])
 
     def ratios(self) -> dict[str, float]:
-        """``fast / path`` for every measured denominator; the gather limit in windows/s."""
-        out: dict[str, float] = {}
-        fast = self.median("fast")
-        for path in RATIO_DENOMINATORS:
-            if path not in self.rates:
-                continue
-            if path == "gather_limit":
-                out["fast/gather_limit"] = fast / self.block / self.median(path)
-            else:
-                out[f"fast/{path}"] = fast / self.median(path)
-        return out
+        """``numerator/denominator`` of :data:`RATIOS` for the paths measured here."""
+        return {
+            f"{top}/{bottom}": ratio(top, bottom, self.median(top), self.median(bottom), self.block)
+            for top, bottom, _ in RATIOS
+            if top in self.rates and bottom in self.rates
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -203,6 +200,17 @@ class Case:
             },
             "ratios": self.ratios(),
         }
+
+
+def ratio(top: str, bottom: str, top_rate: float, bottom_rate: float, block: int) -> float:
+    """``top_rate / bottom_rate`` in the same unit: tokens/s, or windows/s for the gather limit.
+
+    >>> ratio("fast", "gather_limit", 800.0, 50.0, block=8)
+    2.0
+    """
+    if bottom == "gather_limit":
+        top_rate /= block
+    return top_rate / bottom_rate
 
 
 def _as_numpy(value: Any) -> np.ndarray:
@@ -321,11 +329,13 @@ def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]], numeric_from
 
 
 def bench_table(cases: Sequence[Case], paths: Sequence[str]) -> str:
-    """A Markdown table: one row per case, Mtok/s per path, then the fast/... ratios."""
-    ratio_names = [f"fast/{p}" for p in RATIO_DENOMINATORS if p in paths]
+    """A Markdown table: one row per case, Mtok/s per path, then the ratios of :data:`RATIOS`."""
+    shown = [(f"{top}/{bottom}", label) for top, bottom, label in RATIOS
+             if top in paths and bottom in paths]
+    ratio_names = [name for name, _ in shown]
     header = ["dtype", "order", "block", "batch"]
     header += [PATH_LABELS[p] + (" (Mwin/s)" if p == "gather_limit" else "") for p in paths]
-    header += [RATIO_LABELS[name] for name in ratio_names]
+    header += [label for _, label in shown]
     rows = []
     for case in cases:
         ratios = case.ratios()
