@@ -4,7 +4,7 @@ import numpy as np
 import numpy.typing as npt
 
 DEBUG_BUILD: bool
-PREFETCH_DISTANCE: int
+PREFETCH_BYTES: int
 
 def gather_windows(
     tokens: npt.NDArray[np.integer],  # const token_t[::1], any of the 8 fixed-width int dtypes

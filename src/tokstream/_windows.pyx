@@ -42,13 +42,16 @@ ctypedef fused token_t:
 DEBUG_BUILD = bool(TOKSTREAM_DEBUG)
 
 cdef enum:
-    # How many windows ahead the gather loop asks the CPU to start loading.
-    _PREFETCH_DISTANCE = 64
+    # The gather loop asks the CPU to load the window that starts this many bytes of window
+    # data ahead of the one it copies (every cache line of it, since the hardware prefetcher
+    # stops at each 4 KiB page), but never more than _PREFETCH_MAX_WINDOWS ahead: enough
+    # misses in flight to hide DRAM latency, few enough to stay in L1/L2 until used.
+    _PREFETCH_BYTES = 8192
+    _PREFETCH_MAX_WINDOWS = 64
+    _CACHE_LINE = 64
 
-#: How many windows ahead the gather loop asks the CPU to start loading.
-PREFETCH_DISTANCE = _PREFETCH_DISTANCE
-
-
+#: Bytes of window data the gather loop prefetches ahead of the window it copies.
+PREFETCH_BYTES = _PREFETCH_BYTES
 
 # ---------------------------------------------------------------------------------------------
 # Window gather
@@ -80,14 +83,21 @@ def gather_windows(
     cdef Py_ssize_t block = windows.shape[1]
     cdef bint shifted = targets is not None
     cdef bint indirect = rows is not None
+    cdef Py_ssize_t window_bytes = (block + 1) * <Py_ssize_t>sizeof(token_t)
+    cdef Py_ssize_t distance = max(1, min(<Py_ssize_t>_PREFETCH_MAX_WINDOWS,
+                                          _PREFETCH_BYTES // window_bytes))
+    cdef Py_ssize_t line_tokens = max(1, _CACHE_LINE // <Py_ssize_t>sizeof(token_t))
     cdef Py_ssize_t i, j, row, start, ahead
     with nogil:
         for i in range(count):
-            if i + _PREFETCH_DISTANCE < count:
-                # starts[i + _PREFETCH_DISTANCE] is a validated window start, so the address
-                # lies inside ``tokens``.
-                ahead = starts[i + _PREFETCH_DISTANCE]
-                TOKSTREAM_PREFETCH(&tokens[ahead])
+            if i + distance < count:
+                # starts[i + distance] is a validated window start, so every address from
+                # tokens[ahead] to tokens[ahead + block] lies inside ``tokens``.
+                ahead = starts[i + distance]
+                j = 0
+                while j < block:
+                    TOKSTREAM_PREFETCH(&tokens[ahead + j])
+                    j += line_tokens
                 TOKSTREAM_PREFETCH(&tokens[ahead + block])
             # Validated on the Python side: start + block < len(tokens), row < windows.shape[0].
             start = starts[i]
