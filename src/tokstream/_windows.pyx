@@ -67,14 +67,16 @@ def gather_windows(
     int64_t[::1] next_tokens=None,
     int64_t[:, ::1] targets=None,
     const int64_t[:] rows=None,
+    bint prefetch=True,
 ):
-    """gather_windows(const token_t[::1] tokens, const int64_t[:] starts, int64_t[:, ::1] windows, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, const int64_t[:] rows=None)
+    """gather_windows(const token_t[::1] tokens, const int64_t[:] starts, int64_t[:, ::1] windows, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, const int64_t[:] rows=None, bint prefetch=True)
 
     Copy window ``i`` (``tokens[starts[i] : starts[i] + block]``) into row ``rows[i]``.
 
     ``block`` is ``windows.shape[1]``. With ``next_tokens`` the token after each window goes to
     ``next_tokens[row]``; with ``targets`` the window shifted by one token goes to
     ``targets[row]``; exactly one of the two is given. ``rows`` defaults to ``0, 1, 2, ...``.
+    ``prefetch=False`` skips the software prefetch, for consecutive windows.
 
     The caller guarantees ``0 <= starts[i]`` and ``starts[i] + block < len(tokens)``, that every
     row index is below ``windows.shape[0]``, and that the target buffer has the matching shape.
@@ -90,7 +92,7 @@ def gather_windows(
     cdef Py_ssize_t i, j, row, start, ahead
     with nogil:
         for i in range(count):
-            if i + distance < count:
+            if prefetch and i + distance < count:
                 # starts[i + distance] is a validated window start, so every address from
                 # tokens[ahead] to tokens[ahead + block] lies inside ``tokens``.
                 ahead = starts[i + distance]
