@@ -4,7 +4,7 @@ import numpy as np
 import numpy.typing as npt
 
 DEBUG_BUILD: bool
-PREFETCH_DISTANCE: int
+PREFETCH_BYTES: int
 
 def gather_windows(
     tokens: npt.NDArray[np.integer],  # const token_t[::1], any of the 8 fixed-width int dtypes
@@ -13,6 +13,7 @@ def gather_windows(
     next_tokens: npt.NDArray[np.int64] | None = ...,  # int64_t[::1], shape (b,)
     targets: npt.NDArray[np.int64] | None = ...,  # int64_t[:, ::1], shape (b, block)
     rows: npt.NDArray[np.int64] | None = ...,  # const int64_t[:]
+    prefetch: bool = ...,  # bint
 ) -> None: ...
 def permuted_positions(
     out: npt.NDArray[np.int64],  # int64_t[::1]

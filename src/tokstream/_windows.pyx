@@ -6,6 +6,7 @@ right shapes and start positions it has proven to be in range; the release build
 bounds checks off, the debug build (``TOKSTREAM_DEBUG=1`` at build time) with them on.
 """
 
+cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -41,18 +42,24 @@ ctypedef fused token_t:
 DEBUG_BUILD = bool(TOKSTREAM_DEBUG)
 
 cdef enum:
-    # How many windows ahead the gather loop asks the CPU to start loading.
-    _PREFETCH_DISTANCE = 64
+    # The gather loop asks the CPU to load the window that starts this many bytes of window
+    # data ahead of the one it copies (every cache line of it, since the hardware prefetcher
+    # stops at each 4 KiB page), but never more than _PREFETCH_MAX_WINDOWS ahead: enough
+    # misses in flight to hide DRAM latency, few enough to stay in L1/L2 until used.
+    _PREFETCH_BYTES = 8192
+    _PREFETCH_MAX_WINDOWS = 64
+    _CACHE_LINE = 64
 
-#: How many windows ahead the gather loop asks the CPU to start loading.
-PREFETCH_DISTANCE = _PREFETCH_DISTANCE
-
-
+#: Bytes of window data the gather loop prefetches ahead of the window it copies.
+PREFETCH_BYTES = _PREFETCH_BYTES
 
 # ---------------------------------------------------------------------------------------------
 # Window gather
 
 
+# Cython embeds the signature of a fused function's dispatcher ("signatures, args, kwargs,
+# defaults"), not this one; the docstring states it instead.
+@cython.embedsignature(False)
 def gather_windows(
     const token_t[::1] tokens,
     const int64_t[:] starts,
@@ -60,12 +67,16 @@ def gather_windows(
     int64_t[::1] next_tokens=None,
     int64_t[:, ::1] targets=None,
     const int64_t[:] rows=None,
+    bint prefetch=True,
 ):
-    """Copy window ``i`` (``tokens[starts[i] : starts[i] + block]``) into row ``rows[i]``.
+    """gather_windows(const token_t[::1] tokens, const int64_t[:] starts, int64_t[:, ::1] windows, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, const int64_t[:] rows=None, bint prefetch=True)
+
+    Copy window ``i`` (``tokens[starts[i] : starts[i] + block]``) into row ``rows[i]``.
 
     ``block`` is ``windows.shape[1]``. With ``next_tokens`` the token after each window goes to
     ``next_tokens[row]``; with ``targets`` the window shifted by one token goes to
     ``targets[row]``; exactly one of the two is given. ``rows`` defaults to ``0, 1, 2, ...``.
+    ``prefetch=False`` skips the software prefetch, for consecutive windows.
 
     The caller guarantees ``0 <= starts[i]`` and ``starts[i] + block < len(tokens)``, that every
     row index is below ``windows.shape[0]``, and that the target buffer has the matching shape.
@@ -74,14 +85,21 @@ def gather_windows(
     cdef Py_ssize_t block = windows.shape[1]
     cdef bint shifted = targets is not None
     cdef bint indirect = rows is not None
+    cdef Py_ssize_t window_bytes = (block + 1) * <Py_ssize_t>sizeof(token_t)
+    cdef Py_ssize_t distance = max(1, min(<Py_ssize_t>_PREFETCH_MAX_WINDOWS,
+                                          _PREFETCH_BYTES // window_bytes))
+    cdef Py_ssize_t line_tokens = max(1, _CACHE_LINE // <Py_ssize_t>sizeof(token_t))
     cdef Py_ssize_t i, j, row, start, ahead
     with nogil:
         for i in range(count):
-            if i + _PREFETCH_DISTANCE < count:
-                # starts[i + _PREFETCH_DISTANCE] is a validated window start, so the address
-                # lies inside ``tokens``.
-                ahead = starts[i + _PREFETCH_DISTANCE]
-                TOKSTREAM_PREFETCH(&tokens[ahead])
+            if prefetch and i + distance < count:
+                # starts[i + distance] is a validated window start, so every address from
+                # tokens[ahead] to tokens[ahead + block] lies inside ``tokens``.
+                ahead = starts[i + distance]
+                j = 0
+                while j < block:
+                    TOKSTREAM_PREFETCH(&tokens[ahead + j])
+                    j += line_tokens
                 TOKSTREAM_PREFETCH(&tokens[ahead + block])
             # Validated on the Python side: start + block < len(tokens), row < windows.shape[0].
             start = starts[i]

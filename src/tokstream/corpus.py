@@ -160,19 +160,31 @@ class Corpus:
         return {"dtype": str(self.dtype), "shard_lengths": [int(n) for n in self.lengths]}
 
 
+# Corpus dtype name -> the C type naming the kernel's specialisation for it.
+_C_TYPES = {
+    name: f"{name}_t" for name in ("int8", "int16", "int32", "int64", "uint8", "uint16",
+                                   "uint32", "uint64")
+}
+
+
 class WindowGather:
     """Copies windows, given by global window index, out of a corpus for a fixed ``block``.
 
     Global index ``w`` is window ``w - offsets[j]`` of the shard ``j`` it falls in. Every index
     handed to :meth:`__call__` must lie in ``[0, num_windows)``; the stream guarantees it.
+    ``prefetch`` says whether the kernel should prefetch windows ahead: worth it for a random
+    order, wasted instructions for consecutive windows, which the hardware already streams.
     """
 
-    def __init__(self, corpus: Corpus, block: int) -> None:
+    def __init__(self, corpus: Corpus, block: int, prefetch: bool = True) -> None:
         self.corpus = corpus
         self.block = block
+        self.prefetch = prefetch
         self.offsets = corpus.window_offsets(block)
         self.num_windows = int(self.offsets[-1])
         self._single = corpus.shards[0] if len(corpus.shards) == 1 else None
+        # The kernel specialised for the corpus dtype, so no batch pays the fused dispatch.
+        self._kernel = gather_windows.__signatures__[_C_TYPES[corpus.dtype.name]]
 
     def __call__(
         self,
@@ -185,7 +197,7 @@ class WindowGather:
         if self._single is not None:
             # A window index w < len - block is also its start position, so start + block is a
             # valid token index.
-            gather_windows(self._single, starts, windows, next_tokens, targets)
+            self._kernel(self._single, starts, windows, next_tokens, targets, None, self.prefetch)
             return
         shard_of = np.searchsorted(self.offsets, starts, side="right") - 1
         order = np.argsort(shard_of, kind="stable")
@@ -196,6 +208,7 @@ class WindowGather:
                 continue
             shard = int(shard_of[group[0]])
             local_starts = starts[group] - self.offsets[shard]
-            gather_windows(
-                self.corpus.shards[shard], local_starts, windows, next_tokens, targets, group
+            self._kernel(
+                self.corpus.shards[shard], local_starts, windows, next_tokens, targets, group,
+                self.prefetch,
             )

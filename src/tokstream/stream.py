@@ -100,7 +100,7 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
                 f"{self.reuse_buffers}"
             )
 
-        self._gather = WindowGather(self.corpus, self.block)
+        self._gather = WindowGather(self.corpus, self.block, prefetch=self.shuffle)
         self.corpus.advise(self.shuffle)
         self.num_windows = self._gather.num_windows
         self.global_batch_size = self.world_size * self.batch_size

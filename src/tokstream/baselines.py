@@ -1,0 +1,315 @@
+"""The baselines every tokstream figure is measured against (see BENCHMARKS.md).
+
+One module, shared by ``tokstream bench`` and the pytest-benchmark suite, so both time exactly
+the same code. Every path is a function ``path(token_ids, block, batch_size, *, epochs=1,
+shuffle=True, seed=0)`` returning an iterator of tuples whose first element holds one row per
+window (its ``len()`` is the batch's window count):
+
+``reference``, ``best_numpy``, ``nanogpt``, ``fast``, ``fast_reuse``
+    Yield ``(windows, next_tokens)``: the same batches in the same order as
+    :func:`tokstream.stream_token_source`, so their outputs can be asserted identical before they
+    are timed (``nanogpt`` yields torch tensors holding the same values; ``fast_reuse``
+    overwrites each batch two batches later).
+``copy_limit``
+    Yields ``(buffer,)``: a reused ``(b, block)`` int64 buffer filled by ``np.copyto`` from one
+    random offset of the corpus per batch. It moves the same tokens per batch as the fast path
+    but from contiguous memory, so it is the bandwidth ceiling of the job, not a loader.
+``gather_limit``
+    Yields ``(buffer,)``: a reused ``(b,)`` buffer in the corpus dtype filled by ``np.take`` with
+    the batch's window starts, i.e. the first token of every window. At small blocks a window
+    is one or two random cache lines, so windows/s cannot beat this rate by much.
+
+Like the stream, every path draws its epoch order (``RandomState(seed).permutation(n)``, or the
+random offsets of ``copy_limit``) when its first batch is requested, not when it is called: a
+benchmark that takes the first batch untimed excludes the one-off permutation from its figure.
+Arguments are validated by the same rules as the stream (``tokstream._validate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from itertools import islice
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from tokstream import _validate
+from tokstream import reference as _reference
+from tokstream.stream import stream_token_source as _fast
+
+Path = Callable[..., Iterator[tuple[Any, ...]]]
+
+__all__ = [
+    "LIMITS",
+    "LOADERS",
+    "PATHS",
+    "best_numpy",
+    "consume",
+    "copy_limit",
+    "epochs_for",
+    "fast",
+    "fast_reuse",
+    "gather_limit",
+    "nanogpt",
+    "reference",
+    "torch_available",
+]
+
+
+def _prepare(
+    token_ids: Any, block: Any, batch_size: Any, epochs: Any, shuffle: Any, seed: Any
+) -> tuple[np.ndarray, int, int, int, bool, int]:
+    ids = _validate.token_array(token_ids)
+    block, batch_size, epochs, shuffle, seed = _validate.stream_controls(
+        block, batch_size, epochs, shuffle, seed
+    )
+    return ids, block, batch_size, epochs, shuffle, seed
+
+
+def _epoch_orders(
+    num_windows: int, epochs: int, shuffle: bool, seed: int
+) -> Iterator[np.ndarray]:
+    """The reference's window order, one array per epoch, drawn lazily from one generator."""
+    rng = np.random.RandomState(seed)
+    for _ in range(epochs):
+        yield rng.permutation(num_windows) if shuffle else np.arange(num_windows)
+
+
+def reference(
+    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    seed: int = 0,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The spec's path, :func:`tokstream.reference.stream_token_source`: one ``np.stack``/batch."""
+    return _reference.stream_token_source(
+        token_ids, block, batch_size, epochs=epochs, shuffle=shuffle, seed=seed
+    )
+
+
+def fast(
+    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    seed: int = 0,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """tokstream's fast path, :func:`tokstream.stream_token_source`, with its defaults."""
+    return _fast(token_ids, block, batch_size, epochs=epochs, shuffle=shuffle, seed=seed)
+
+
+def fast_reuse(
+    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    seed: int = 0,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The fast path cycling through two preallocated batches (``reuse_buffers=2``).
+
+    Same batches as :func:`fast`, but each is overwritten two batches later: no fresh
+    multi-MB allocation (and its page faults) per batch.
+    """
+    return _fast(
+        token_ids, block, batch_size, epochs=epochs, shuffle=shuffle, seed=seed, reuse_buffers=2
+    )
+
+
+def best_numpy(
+    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    seed: int = 0,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The fastest pure-NumPy gather we know: fancy-index a strided view of all windows.
+
+    ``sliding_window_view(ids, block)[starts]`` copies the selected windows in one C loop (no
+    Python object per window); ``ids[starts + block]`` gives the next tokens. The corpus is
+    converted to int64 once, up front, as the reference does, so each batch is already int64.
+
+    >>> [w.tolist() for w, _ in best_numpy([5, 6, 7, 8], 2, 2, shuffle=False)]
+    [[[5, 6], [6, 7]]]
+    """
+    ids, block, batch_size, epochs, shuffle, seed = _prepare(
+        token_ids, block, batch_size, epochs, shuffle, seed
+    )
+    return _best_numpy(ids.astype(np.int64, copy=False), block, batch_size, epochs, shuffle, seed)
+
+
+def _best_numpy(
+    ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool, seed: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    num_windows = ids.shape[0] - block
+    if num_windows <= 0:
+        return
+    windows_view = sliding_window_view(ids, block)
+    for order in _epoch_orders(num_windows, epochs, shuffle, seed):
+        for k in range(0, num_windows, batch_size):
+            starts = order[k : k + batch_size]
+            yield windows_view[starts], ids[starts + block]
+
+
+def torch_available() -> bool:
+    """Whether the ``nanogpt`` path can run (PyTorch importable)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def nanogpt(
+    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    seed: int = 0,
+) -> Iterator[tuple[Any, Any]]:
+    """nanoGPT's ``get_batch``: ``torch.stack`` of one ``torch.from_numpy`` slice per window.
+
+    Yields int64 CPU tensors with the values of the fast path's batches. A non-int64 corpus is
+    cast per window (``astype(np.int64)``), as nanoGPT does for its uint16 memory map. Raises
+    ImportError when PyTorch is not installed (it is imported only here).
+    """
+    import torch
+
+    ids, block, batch_size, epochs, shuffle, seed = _prepare(
+        token_ids, block, batch_size, epochs, shuffle, seed
+    )
+    return _nanogpt(torch, ids, block, batch_size, epochs, shuffle, seed)
+
+
+def _nanogpt(
+    torch: Any, ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool,
+    seed: int,
+) -> Iterator[tuple[Any, Any]]:
+    num_windows = ids.shape[0] - block
+    if num_windows <= 0:
+        return
+    for order in _epoch_orders(num_windows, epochs, shuffle, seed):
+        for k in range(0, num_windows, batch_size):
+            starts = order[k : k + batch_size]
+            windows = torch.stack(
+                [torch.from_numpy(ids[i : i + block].astype(np.int64, copy=False)) for i in starts]
+            )
+            next_tokens = torch.from_numpy(ids[starts + block].astype(np.int64, copy=False))
+            yield windows, next_tokens
+
+
+def copy_limit(
+    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    seed: int = 0,
+) -> Iterator[tuple[np.ndarray]]:
+    """Copy as many tokens per batch as the fast path, contiguously, into one reused buffer.
+
+    Each batch of ``b`` windows becomes one ``np.copyto`` of ``b * block`` consecutive tokens
+    from a random offset (drawn per epoch from ``RandomState(seed)``; a corpus shorter than a
+    batch is read around its end) into a reused ``(b, block)`` int64 buffer, so there is no
+    allocation, no page fault and no random access: what is left is the copy bandwidth.
+    ``shuffle`` is accepted for a uniform signature; the offsets are random either way.
+
+    >>> ids = np.arange(100)
+    >>> (buffer,) = next(copy_limit(ids, 4, 3))
+    >>> start = int(buffer[0, 0])
+    >>> bool((buffer.ravel() == ids[start : start + 12]).all())
+    True
+    """
+    ids, block, batch_size, epochs, shuffle, seed = _prepare(
+        token_ids, block, batch_size, epochs, shuffle, seed
+    )
+    return _copy_limit(ids, block, batch_size, epochs, seed)
+
+
+def _copy_limit(
+    ids: np.ndarray, block: int, batch_size: int, epochs: int, seed: int
+) -> Iterator[tuple[np.ndarray]]:
+    num_tokens = ids.shape[0]
+    num_windows = num_tokens - block
+    if num_windows <= 0:
+        return
+    rng = np.random.RandomState(seed)
+    full = np.empty(batch_size * block, dtype=np.int64)
+    num_batches = -(-num_windows // batch_size)
+    # Offsets leave room for a whole batch, so only a corpus shorter than one batch wraps.
+    high = max(num_tokens - batch_size * block, 0) + 1
+    for _ in range(epochs):
+        offsets = rng.randint(0, high, size=num_batches)
+        for batch, k in enumerate(range(0, num_windows, batch_size)):
+            count = min(batch_size, num_windows - k)
+            need = count * block
+            flat = full[:need]
+            offset = int(offsets[batch])
+            if need <= num_tokens - offset:
+                np.copyto(flat, ids[offset : offset + need])
+            else:
+                _copy_around(flat, ids, offset)
+            yield (flat.reshape(count, block),)
+
+
+def _copy_around(flat: np.ndarray, ids: np.ndarray, offset: int) -> None:
+    done = 0
+    while done < flat.shape[0]:
+        take = min(flat.shape[0] - done, ids.shape[0] - offset)
+        np.copyto(flat[done : done + take], ids[offset : offset + take])
+        done += take
+        offset = 0
+
+
+def gather_limit(
+    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    seed: int = 0,
+) -> Iterator[tuple[np.ndarray]]:
+    """``np.take`` one token per window start into a reused buffer: random lines per second.
+
+    The buffer holds the first token of each of the batch's windows (``windows[:, 0]`` of the
+    fast path, in the corpus dtype), for the same starts in the same order.
+
+    >>> [b.tolist() for (b,) in gather_limit([5, 6, 7, 8], 2, 2, shuffle=False)]
+    [[5, 6]]
+    """
+    ids, block, batch_size, epochs, shuffle, seed = _prepare(
+        token_ids, block, batch_size, epochs, shuffle, seed
+    )
+    return _gather_limit(ids, block, batch_size, epochs, shuffle, seed)
+
+
+def _gather_limit(
+    ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool, seed: int
+) -> Iterator[tuple[np.ndarray]]:
+    num_windows = ids.shape[0] - block
+    if num_windows <= 0:
+        return
+    full = np.empty(batch_size, dtype=ids.dtype)
+    for order in _epoch_orders(num_windows, epochs, shuffle, seed):
+        for k in range(0, num_windows, batch_size):
+            starts = order[k : k + batch_size]
+            out = full[: starts.shape[0]]
+            np.take(ids, starts, out=out)
+            yield (out,)
+
+
+def epochs_for(num_tokens: int, block: int, batch_size: int, batches: int) -> int:
+    """The fewest epochs that hold ``batches`` batches (a timing run must not run dry).
+
+    >>> epochs_for(num_tokens=108, block=8, batch_size=10, batches=25)
+    3
+    """
+    batches_per_epoch = -(-(num_tokens - block) // batch_size)
+    if batches_per_epoch <= 0:
+        raise ValueError(f"no window of block={block} fits in {num_tokens} tokens")
+    return max(1, -(-batches // batches_per_epoch))
+
+
+def consume(batches: Iterator[tuple[Any, ...]], count: int) -> int:
+    """Draw ``count`` batches (fewer if the iterator ends) and return how many windows they held.
+
+    The timed loop of ``tokstream bench`` and of the benchmark suite: nothing but the iteration
+    and one ``len()`` per batch.
+    """
+    windows = 0
+    for batch in islice(batches, count):
+        windows += len(batch[0])
+    return windows
+
+
+#: Paths that yield the fast path's batches, by name, in table order.
+LOADERS: dict[str, Path] = {
+    "reference": reference,
+    "best_numpy": best_numpy,
+    "nanogpt": nanogpt,
+    "fast": fast,
+    "fast_reuse": fast_reuse,
+}
+
+#: The ceilings: same tokens moved (``copy_limit``) or same windows touched (``gather_limit``).
+LIMITS: dict[str, Path] = {"copy_limit": copy_limit, "gather_limit": gather_limit}
+
+PATHS: dict[str, Path] = {**LOADERS, **LIMITS}

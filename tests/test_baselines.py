@@ -1,0 +1,161 @@
+"""The benchmark baselines yield what they claim, so that timing them compares like with like."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import tokstream
+from tokstream import baselines
+
+NUMPY_LOADERS = ["reference", "best_numpy", "fast", "fast_reuse"]
+
+
+def _corpus(length: int, dtype: str, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 50257, length).astype(dtype)
+
+
+def _numpy(value):
+    return value.numpy() if hasattr(value, "numpy") else value
+
+
+def _loaders() -> list[str]:
+    names = list(NUMPY_LOADERS)
+    if baselines.torch_available():
+        names.append("nanogpt")
+    return names
+
+
+@pytest.mark.parametrize("path", _loaders())
+@pytest.mark.parametrize("dtype", ["int64", "uint16", "int32"])
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize(("length", "block", "batch_size"), [(200, 8, 16), (57, 5, 7), (9, 8, 4)])
+def test_loaders_yield_the_fast_paths_batches(path, dtype, shuffle, length, block, batch_size):
+    ids = _corpus(length, dtype)
+    expected = list(
+        tokstream.stream_token_source(ids, block, batch_size, epochs=2, shuffle=shuffle, seed=7)
+    )
+    got = baselines.PATHS[path](ids, block, batch_size, epochs=2, shuffle=shuffle, seed=7)
+    count = 0
+    # Compared as they come: fast_reuse overwrites a batch two batches later.
+    for (windows, next_tokens), (want_windows, want_next) in zip(got, expected, strict=True):
+        windows, next_tokens = _numpy(windows), _numpy(next_tokens)
+        assert windows.dtype == np.int64 and next_tokens.dtype == np.int64
+        np.testing.assert_array_equal(windows, want_windows)
+        np.testing.assert_array_equal(next_tokens, want_next)
+        count += 1
+    assert count == len(expected) > 0
+
+
+def test_fast_reuse_cycles_through_two_buffers():
+    batches = baselines.fast_reuse(np.arange(100), 4, 8)
+    addresses = [w.__array_interface__["data"][0] for w, _ in itertools.islice(batches, 6)]
+    assert len(set(addresses)) == 2 and addresses[0] == addresses[2] != addresses[1]
+
+
+@pytest.mark.parametrize("path", list(baselines.PATHS))
+def test_every_path_yields_nothing_when_no_window_fits(path):
+    if path == "nanogpt" and not baselines.torch_available():
+        pytest.skip("PyTorch is not installed")
+    assert list(baselines.PATHS[path](np.arange(8), 8, 4)) == []
+    assert list(baselines.PATHS[path](np.arange(20), 8, 4, epochs=0)) == []
+
+
+@pytest.mark.parametrize("path", list(baselines.PATHS))
+@pytest.mark.parametrize(
+    ("kwargs", "error", "argument"),
+    [
+        ({"block": 0}, ValueError, "block"),
+        ({"batch_size": 2.5}, ValueError, "batch_size"),
+        ({"shuffle": "no"}, TypeError, "shuffle"),
+        ({"epochs": -1}, ValueError, "epochs"),
+    ],
+)
+def test_every_path_validates_like_the_stream_when_called(path, kwargs, error, argument):
+    if path == "nanogpt" and not baselines.torch_available():
+        pytest.skip("PyTorch is not installed")
+    arguments = {"block": 4, "batch_size": 3, **kwargs}
+    block, batch_size = arguments.pop("block"), arguments.pop("batch_size")
+    with pytest.raises(error, match=argument):
+        baselines.PATHS[path](np.arange(50), block, batch_size, **arguments)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint16"])
+def test_gather_limit_holds_the_first_token_of_each_window(dtype):
+    ids = _corpus(300, dtype)
+    fast = tokstream.stream_token_source(ids, 6, 32, epochs=2, seed=3)
+    gather = baselines.gather_limit(ids, 6, 32, epochs=2, seed=3)
+    count = 0
+    for (windows, _), (first_tokens,) in zip(fast, gather, strict=True):
+        assert first_tokens.dtype == ids.dtype
+        np.testing.assert_array_equal(first_tokens, windows[:, 0])
+        count += 1
+    assert count == 2 * -(-(300 - 6) // 32)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint16"])
+@pytest.mark.parametrize(("length", "block", "batch_size"), [(1000, 8, 16), (30, 4, 20)])
+def test_copy_limit_copies_consecutive_tokens_into_one_reused_buffer(
+    dtype, length, block, batch_size
+):
+    ids = np.arange(length, dtype=np.int64).astype(dtype)  # a token's value is its position
+    sizes = [len(w) for w, _ in tokstream.stream_token_source(ids, block, batch_size, epochs=2)]
+    buffers = []
+    for (buffer,), size in zip(
+        baselines.copy_limit(ids, block, batch_size, epochs=2), sizes, strict=True
+    ):
+        assert buffer.shape == (size, block) and buffer.dtype == np.int64
+        flat = buffer.ravel()
+        # Consecutive tokens of the corpus, read around its end when the batch is longer.
+        np.testing.assert_array_equal(flat, (flat[0] + np.arange(flat.size)) % length)
+        buffers.append(buffer)
+    assert len({b.__array_interface__["data"][0] for b in buffers}) == 1
+
+
+def test_copy_limit_offsets_are_random_and_seeded():
+    ids = np.arange(100_000)
+    first = [int(b[0, 0]) for (b,) in itertools.islice(baselines.copy_limit(ids, 8, 16), 20)]
+    again = [int(b[0, 0]) for (b,) in itertools.islice(baselines.copy_limit(ids, 8, 16), 20)]
+    other = [
+        int(b[0, 0]) for (b,) in itertools.islice(baselines.copy_limit(ids, 8, 16, seed=1), 20)
+    ]
+    assert first == again != other
+    assert len(set(first)) > 15
+
+
+def test_paths_draw_their_order_lazily(monkeypatch):
+    """The permutation must happen at the first batch, so a benchmark can leave it untimed."""
+    calls = []
+
+    class CountingRandomState(np.random.RandomState):
+        def permutation(self, x):
+            calls.append(x)
+            return super().permutation(x)
+
+    monkeypatch.setattr(np.random, "RandomState", CountingRandomState)
+    for name, path in baselines.PATHS.items():
+        if name == "nanogpt" and not baselines.torch_available():
+            continue
+        calls.clear()
+        batches = path(np.arange(100), 4, 8, shuffle=True)
+        assert calls == [], name
+        next(batches)
+        if name != "copy_limit":
+            assert calls == [96], name
+
+
+def test_epochs_for_holds_enough_batches():
+    assert baselines.epochs_for(108, 8, 10, 10) == 1
+    assert baselines.epochs_for(108, 8, 10, 11) == 2
+    assert baselines.epochs_for(10_000, 8, 10, 1) == 1
+    with pytest.raises(ValueError, match="block=8"):
+        baselines.epochs_for(8, 8, 10, 1)
+
+
+def test_consume_counts_windows_and_stops_early():
+    batches = iter([(np.zeros((3, 2)),), (np.zeros((5, 2)),), (np.zeros((1, 2)),)])
+    assert baselines.consume(batches, 2) == 8
+    assert baselines.consume(batches, 10) == 1
+    assert baselines.consume(batches, 10) == 0
