@@ -48,10 +48,12 @@ from tokstream.stream import implicit_round_keys
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SPEC_ARGS = ("block", "batch_size", "epochs", "shuffle", "seed")
-EXTRA_ARGS = ("targets", "rank", "world_size", "drop_last", "permutation", "prefetch")
+EXTRA_ARGS = (
+    "targets", "rank", "world_size", "drop_last", "permutation", "prefetch", "reuse_buffers",
+)
 DEFAULTS = {
     "epochs": 1, "shuffle": True, "seed": 0, "targets": "next", "rank": 0, "world_size": 1,
-    "drop_last": False, "permutation": "materialized", "prefetch": 0,
+    "drop_last": False, "permutation": "materialized", "prefetch": 0, "reuse_buffers": 0,
 }
 # Batches compared per call: epochs may be 2**70.
 MAX_BATCHES = 30
@@ -177,6 +179,10 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
     )
     # A background thread assembling batches ahead changes nothing about them.
     controls["prefetch"] = model_ranged(args["prefetch"], "prefetch", 0)
+    # Nor does a ring of reused buffers, but for when a batch is overwritten.
+    controls["reuse_buffers"] = model_ranged(args["reuse_buffers"], "reuse_buffers", 0)
+    if 0 < controls["reuse_buffers"] < controls["prefetch"] + 2 and controls["prefetch"]:
+        raise Rejected(ValueError, "reuse_buffers")
     return shards, controls
 
 
@@ -295,14 +301,21 @@ def build_stream(tokens: Any, kwargs: dict[str, Any]):
 
 
 def assert_batches_equal(got, expected, what: str) -> int:
-    got, expected = list(got), list(expected)
-    assert len(got) == len(expected), f"{what}: {len(got)} batches, expected {len(expected)}"
-    for i, (batch, want_batch) in enumerate(zip(got, expected, strict=True)):
+    """Compare batch by batch, as they arrive: with ``reuse_buffers`` a batch held on to is
+    overwritten later, so nothing is kept."""
+    missing = object()
+    count = 0
+    for i, (batch, want_batch) in enumerate(
+        itertools.zip_longest(got, expected, fillvalue=missing)
+    ):
+        assert batch is not missing, f"{what}: {i} batches, expected more"
+        assert want_batch is not missing, f"{what}: more than the {i} batches expected"
         for array, want in zip(batch, want_batch, strict=True):
             assert array.dtype == np.int64 and array.flags.c_contiguous, f"{what} batch {i}"
             assert array.shape == want.shape, f"{what} batch {i}: {array.shape} != {want.shape}"
             assert np.array_equal(array, want), f"{what} batch {i} differs"
-    return len(got)
+        count += 1
+    return count
 
 
 def check_call(tokens: Any, kwargs: dict[str, Any]) -> str:
@@ -775,6 +788,7 @@ def call_kwargs(draw) -> dict[str, Any]:
         "drop_last": control(st.booleans()),
         "permutation": control(st.sampled_from(["materialized", "implicit"])),
         "prefetch": control(st.integers(0, 3)),
+        "reuse_buffers": control(st.integers(0, 6)),
     }
     for name, strategy in optional.items():
         if draw(st.booleans()):
@@ -856,6 +870,7 @@ def resumable_calls(draw):
         "drop_last": draw(st.booleans()),
         "permutation": draw(st.sampled_from(["materialized", "implicit"])),
         "prefetch": draw(st.sampled_from([0, 0, 1, 3])),
+        "reuse_buffers": draw(st.sampled_from([0, 0, 5])),
     }
     return tokens, kwargs, draw(st.integers(0, 25))
 

@@ -113,7 +113,7 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         self._epoch_rng_state = self._rng.get_state() if self._draws_orders else None
         self._closed = False
         self._plan_epoch()
-        self._ring = self._allocate_ring()
+        self._ring: list[tuple[np.ndarray, np.ndarray]] = []
         self._ring_next = 0
         self._prefetcher: Prefetcher | None = None
         self._deliver_lock = threading.Lock()
@@ -125,13 +125,23 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
     def _draws_orders(self) -> bool:
         return self.shuffle and self.permutation == "materialized"
 
-    def _allocate_ring(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        rows = min(self.batch_size, max(self.positions_per_epoch // self.world_size, 1))
-        target_shape = (rows,) if self.targets == "next" else (rows, self.block)
-        return [
-            (np.empty((rows, self.block), np.int64), np.empty(target_shape, np.int64))
-            for _ in range(self.reuse_buffers)
-        ]
+    def _ring_slot(self) -> tuple[np.ndarray, np.ndarray]:
+        """The next buffers of the ``reuse_buffers`` ring, allocated the first time each is used.
+
+        Growing the ring as batches are made, rather than allocating all of it up front, keeps a
+        large ``reuse_buffers`` (or a stream that yields nothing) from allocating buffers no batch
+        will ever fill: ``reuse_buffers=2**40`` would otherwise never finish being made.
+        """
+        if len(self._ring) < self.reuse_buffers:
+            rows = min(self.batch_size, self.positions_per_epoch // self.world_size)
+            target_shape = (rows,) if self.targets == "next" else (rows, self.block)
+            self._ring.append(
+                (np.empty((rows, self.block), np.int64), np.empty(target_shape, np.int64))
+            )
+            return self._ring[-1]
+        slot = self._ring[self._ring_next]
+        self._ring_next = (self._ring_next + 1) % self.reuse_buffers
+        return slot
 
     # ------------------------------------------------------------------ sizes
 
@@ -189,9 +199,8 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         base = self._position
         count = min(self.batch_size, (self.positions_per_epoch - base) // self.world_size)
         starts = self._starts(base + self.rank, count)
-        if self._ring:
-            windows, targets = self._ring[self._ring_next]
-            self._ring_next = (self._ring_next + 1) % len(self._ring)
+        if self.reuse_buffers:
+            windows, targets = self._ring_slot()
             windows, targets = windows[:count], targets[:count]
         else:
             windows = np.empty((count, self.block), dtype=np.int64)
