@@ -103,6 +103,9 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         self._gather = WindowGather(self.corpus, self.block, prefetch=self.shuffle)
         self.corpus.advise(self.shuffle)
         self.num_windows = self._gather.num_windows
+        # The implicit permutation's domain, and its round keys with the epoch they are for.
+        self._implicit_domain = implicit_domain(max(self.num_windows, 1))
+        self._implicit_keys: tuple[int, np.ndarray | None] = (-1, None)
         self.global_batch_size = self.world_size * self.batch_size
         self._lock = threading.Lock()
         self._rng = np.random.RandomState(self.seed)
@@ -199,17 +202,17 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         base = self._position
         count = min(self.batch_size, (self.positions_per_epoch - base) // self.world_size)
         starts = self._starts(base + self.rank, count)
+        next_only = self.targets == "next"
         if self.reuse_buffers:
             windows, targets = self._ring_slot()
             windows, targets = windows[:count], targets[:count]
         else:
             windows = np.empty((count, self.block), dtype=np.int64)
-            target_shape = (count,) if self.targets == "next" else (count, self.block)
-            targets = np.empty(target_shape, dtype=np.int64)
-        if self.targets == "next":
-            self._gather(starts, windows, next_tokens=targets)
+            targets = np.empty((count,) if next_only else (count, self.block), dtype=np.int64)
+        if next_only:
+            self._gather(starts, windows, targets)
         else:
-            self._gather(starts, windows, targets=targets)
+            self._gather(starts, windows, None, targets)
         self._advance()
         return windows, targets
 
@@ -236,9 +239,15 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
             return np.arange(first, first + stride * count, stride, dtype=np.int64)
         if self.permutation == "implicit":
             starts = np.empty(count, dtype=np.int64)
-            low_bits, high_size = implicit_domain(self.num_windows)
-            keys = implicit_round_keys(self.seed, self._epoch, _FEISTEL_ROUNDS)
-            permuted_positions(starts, first, stride, self.num_windows, low_bits, high_size, keys)
+            if self._implicit_keys[0] != self._epoch:
+                self._implicit_keys = (
+                    self._epoch, implicit_round_keys(self.seed, self._epoch, _FEISTEL_ROUNDS)
+                )
+            low_bits, high_size = self._implicit_domain
+            permuted_positions(
+                starts, first, stride, self.num_windows, low_bits, high_size,
+                self._implicit_keys[1],
+            )
             return starts
         if self._order is None:
             try:
