@@ -9,7 +9,10 @@ import importlib.resources
 import inspect
 import pkgutil
 import pydoc
+import re
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tokstream
@@ -127,3 +130,21 @@ def test_package_ships_py_typed_and_stubs() -> None:
     package = importlib.resources.files("tokstream")
     assert (package / "py.typed").is_file()
     assert (package / "_windows.pyi").is_file()
+
+
+def _readme_block(defines: str) -> str:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if defines in b]
+    return code
+
+
+def test_readme_numpy_training_loop_resumes_exactly(tmp_path):
+    namespace: dict = {"__name__": "readme_numpy_example"}
+    exec(compile(_readme_block("def train_numpy("), "README.md", "exec"), namespace)
+    train_numpy = namespace["train_numpy"]
+    tokens = np.random.default_rng(1).integers(0, 256, 20_000).astype(np.uint16)
+    whole = train_numpy(tokens, str(tmp_path / "whole.npz"), steps=150)
+    first = train_numpy(tokens, str(tmp_path / "resumed.npz"), steps=100)
+    rest = train_numpy(tokens, str(tmp_path / "resumed.npz"), steps=150)
+    assert first + rest == whole
+    assert whole[-1] < whole[0]  # it does learn
