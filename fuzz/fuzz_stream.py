@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import faulthandler
+import io
 import itertools
 import json
 import math
@@ -594,6 +595,64 @@ def check_token_file(directory, token_file: TokenFile) -> str:
         path.unlink()
 
 
+def cli_flags(kwargs: dict[str, Any], prefix: str = "") -> list[str] | None:
+    """The ``open_tokens`` arguments as command-line flags, or None if they have no spelling."""
+    flags = []
+    for name in ("format", "dtype"):
+        value = kwargs.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            return None
+        flags += [f"--{prefix}{name}", value]
+    return flags
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    from tokstream import cli
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = cli.main(argv, stdout=stdout, stderr=stderr)
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def check_cli_file(directory, token_file: TokenFile) -> str:
+    """``tokstream inspect`` and ``convert`` on any file: the file's true contents and exit
+    code 0, or exit code 1 (2 for a flag argparse refuses) with one line of error naming the
+    file on stderr: never a traceback, never a half-written output."""
+    inspect_flags = cli_flags(token_file.kwargs)
+    if inspect_flags is None:
+        return "cli skipped"
+    path = directory / token_file.name
+    output = directory / "converted.npy"
+    path.write_bytes(token_file.data)
+    try:
+        expected = file_verdict(path, token_file.data, token_file.kwargs)
+        code, out, err = run_cli(["inspect", "--json", "--quiet", str(path), *inspect_flags])
+        assert "Traceback" not in err, err
+        if isinstance(expected, type):
+            assert code in (1, 2), f"inspect exited {code} on a bad file: {out!r} {err!r}"
+            if code == 1:
+                assert err.count("\n") == 1 and str(path) in err, err
+            return f"cli exit {code}"
+        assert code == 0, f"inspect exited {code} on a valid file: {err!r}"
+        (summary,) = json.loads(out)
+        assert summary["tokens"] == expected.shape[0]
+        if expected.size:
+            assert summary["min_id"] == int(expected.min())
+            assert summary["max_id"] == int(expected.max())
+        code, out, err = run_cli(["convert", "--quiet", str(path), str(output),
+                                  *cli_flags(token_file.kwargs, "in-")])
+        assert code == 0, f"convert exited {code} on a valid file: {err!r}"
+        (shard,) = open_tokens(output).shards
+        assert np.array_equal(shard, expected), "convert changed the tokens"
+        del shard
+        return "cli exit 0"
+    finally:
+        path.unlink()
+        output.unlink(missing_ok=True)
+
+
 NPY_DESCRS = ["'<u2'", "'>u2'", "'|u1'", "'<i8'", "'>i4'", "'<u8'", "'<f8'", "'|b1'",
               "'<m8[s]'", "'O'", "'<U2'", "[('a', '<i4')]", "'<u9'", "'garbage'", "5", "None"]
 
@@ -927,6 +986,7 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
     @given(token_file=token_files())
     def files(token_file):
         tally.add(guarded(check_token_file, directory, token_file))
+        tally.add(guarded(check_cli_file, directory, token_file))
 
     stop = time.monotonic() + seconds
     try:

@@ -53,6 +53,14 @@ def test_any_token_file_opens_to_exactly_its_tokens_or_a_clear_error(tmp_path_fa
     harness.guarded(harness.check_token_file, tmp_path_factory.mktemp("file"), token_file)
 
 
+@QUICK
+@given(token_file=harness.token_files())
+def test_the_command_line_reads_any_token_file_exactly_or_fails_with_one_clear_line(
+    tmp_path_factory, token_file
+):
+    harness.guarded(harness.check_cli_file, tmp_path_factory.mktemp("cli"), token_file)
+
+
 def test_the_model_agrees_with_the_reference_and_the_fast_path_on_a_known_call():
     # The harness' own oracle, checked once against a hand-computed batch.
     shards, controls = harness.model_call(np.arange(10, 16), {"block": 3, "batch_size": 2,
@@ -201,3 +209,20 @@ def test_a_stream_without_windows_allocates_no_ring_buffer():
     finally:
         tracemalloc.stop()
     assert list(stream) == [] and peak < 2**20
+
+
+def test_the_command_line_keeps_an_explicit_byte_order(tmp_path):
+    # --dtype '>u2' came back from argparse as the name "uint16": a big-endian raw file was
+    # read as little-endian, every token silently byte-swapped.
+    path = tmp_path / "big.bin"
+    path.write_bytes(np.array([1, 2, 300], dtype=">u2").tobytes())
+    code, out, err = harness.run_cli(["inspect", "--json", "--quiet", str(path), "--dtype", ">u2"])
+    assert code == 0, err
+    (summary,) = json.loads(out)
+    assert (summary["min_id"], summary["max_id"]) == (1, 300)
+    converted = tmp_path / "out.npy"
+    code, _, err = harness.run_cli(
+        ["convert", "--quiet", str(path), str(converted), "--in-dtype", ">u2"]
+    )
+    assert code == 0, err
+    assert open_tokens(converted).shards[0].tolist() == [1, 2, 300]

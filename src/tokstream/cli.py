@@ -121,7 +121,8 @@ def _dtype_name(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r} is not a NumPy dtype") from None
     if dtype.kind not in "iu":
         raise argparse.ArgumentTypeError(f"expected an integer dtype, got {text!r}")
-    return dtype.name
+    # The name drops the byte order: ">u2" must not come back as the native "uint16".
+    return dtype.name if dtype.isnative else dtype.str
 
 
 # ---------------------------------------------------------------------------------------------
