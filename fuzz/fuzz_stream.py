@@ -22,6 +22,7 @@ The pytest suite runs the same properties for a fixed, small number of examples
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import faulthandler
 import io
@@ -612,7 +613,9 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
     from tokstream import cli
 
     stdout, stderr = io.StringIO(), io.StringIO()
-    code = cli.main(argv, stdout=stdout, stderr=stderr)
+    # argparse writes its usage errors to sys.stderr itself, not to main()'s stderr.
+    with contextlib.redirect_stderr(stderr):
+        code = cli.main(argv, stdout=stdout, stderr=stderr)
     return code, stdout.getvalue(), stderr.getvalue()
 
 
