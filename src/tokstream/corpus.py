@@ -155,16 +155,7 @@ class Corpus:
             advised += 1
         return advised
 
-    def fingerprint(self) -> dict[str, Any]:
-        """What a resumable state must match: shard lengths and dtype, never the tokens."""
-        return {"dtype": str(self.dtype), "shard_lengths": [int(n) for n in self.lengths]}
 
-
-# Corpus dtype name -> the C type naming the kernel's specialisation for it.
-_C_TYPES = {
-    name: f"{name}_t" for name in ("int8", "int16", "int32", "int64", "uint8", "uint16",
-                                   "uint32", "uint64")
-}
 
 
 class WindowGather:
@@ -183,8 +174,9 @@ class WindowGather:
         self.offsets = corpus.window_offsets(block)
         self.num_windows = int(self.offsets[-1])
         self._single = corpus.shards[0] if len(corpus.shards) == 1 else None
-        # The kernel specialised for the corpus dtype, so no batch pays the fused dispatch.
-        self._kernel = gather_windows.__signatures__[_C_TYPES[corpus.dtype.name]]
+        # The kernel specialised for the corpus dtype (keyed by its C type, e.g. "uint16_t"), so
+        # no batch pays the fused-type dispatch.
+        self._kernel = gather_windows.__signatures__[f"{corpus.dtype.name}_t"]
 
     def __call__(
         self,
