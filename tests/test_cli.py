@@ -106,6 +106,15 @@ def test_usage_errors_exit_2_naming_the_argument(argv, named, capsys):
     assert "Traceback" not in err
 
 
+def test_usage_errors_and_help_go_to_the_streams_main_was_given(capsys):
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.main(["bench", "--block", "eight"], stdout=out, stderr=err) == 2
+    assert "--block" in err.getvalue()
+    assert cli.main(["inspect", "--help"], stdout=out, stderr=err) == 0
+    assert "usage: tokstream inspect" in out.getvalue()
+    assert capsys.readouterr() == ("", "")
+
+
 # ---------------------------------------------------------------------------------------------
 # bench
 

@@ -12,6 +12,7 @@ on stderr without a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import itertools
 import json
@@ -913,8 +914,11 @@ def main(
     stdout = sys.stdout if stdout is None else stdout
     stderr = sys.stderr if stderr is None else stderr
     parser = build_parser()
+    # argparse prints --help to sys.stdout and usage errors to sys.stderr: send both where the
+    # caller asked.
     try:
-        args = parser.parse_args(argv)
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version (0) and usage errors (2)
         return exc.code if isinstance(exc.code, int) else 2
     try:
