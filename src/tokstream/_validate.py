@@ -9,7 +9,7 @@ message names the argument and the offending value.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -163,22 +163,9 @@ def _sequence_to_array(token_ids: Any, name: str) -> np.ndarray:
 def _checked_python_ints(values: Any, name: str) -> np.ndarray:
     out = np.empty(len(values), dtype=np.int64)
     for i, value in enumerate(values):
-        if isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"{name}[{i}] is a bool ({value!r}); token ids must be integers")
-        if isinstance(value, (int, np.integer)) and not isinstance(value, np.timedelta64):
-            as_int = int(value)
-        elif isinstance(value, (float, np.floating)):
-            if not np.isfinite(value):
-                raise ValueError(f"{name}[{i}] is not finite ({value!r}); token ids must be finite")
-            if value != np.trunc(value):
-                raise ValueError(f"{name}[{i}] is fractional ({value!r}); token ids must be exact")
-            # The range is checked on the exact int below: comparing a float16 scalar with 2**63
-            # overflows (a RuntimeWarning), and float() would round a longdouble 2**63 - 1 up.
-            as_int = int(value)
-        else:
-            raise TypeError(
-                f"{name}[{i}] must be an integer token id, got {value!r} ({type(value).__name__})"
-            )
+        # The range is checked on the exact int: comparing a float16 scalar with 2**63 overflows
+        # (a RuntimeWarning), and float() would round a longdouble 2**63 - 1 up.
+        as_int = exact_int(value, f"{name}[{i}]")
         if not INT64_MIN <= as_int <= INT64_MAX:
             raise ValueError(f"{name}[{i}] = {value!r} is outside the int64 range")
         out[i] = as_int
@@ -196,7 +183,7 @@ def _integer_tokens(ids: np.ndarray, name: str) -> np.ndarray:
         ids = ids.astype(np.int64)
     ids = _native_contiguous(ids)
     if ids.dtype == np.uint64:
-        for chunk in _chunks(ids):
+        for chunk in chunks(ids):
             high = int(chunk.max())
             if high > INT64_MAX:
                 raise ValueError(
@@ -213,7 +200,7 @@ def _float_tokens(ids: np.ndarray, name: str) -> np.ndarray:
     low = np.asarray(_FLOAT_INT64_LOW, dtype=ids.dtype) if check_range else None
     high = np.asarray(_FLOAT_INT64_HIGH, dtype=ids.dtype) if check_range else None
     start = 0
-    for chunk in _chunks(ids):
+    for chunk in chunks(ids):
         if not np.all(np.isfinite(chunk)):
             raise ValueError(
                 f"{name} contains non-finite values (NaN/inf); token ids must be finite integers"
@@ -232,9 +219,30 @@ def _float_tokens(ids: np.ndarray, name: str) -> np.ndarray:
     return out
 
 
-def _chunks(ids: np.ndarray):
+def chunks(ids: np.ndarray) -> Iterator[np.ndarray]:
+    """Consecutive views of ``ids``, ``SCAN_CHUNK`` elements each (the last one shorter)."""
     for start in range(0, ids.shape[0], SCAN_CHUNK):
         yield ids[start : start + SCAN_CHUNK]
+
+
+def value_range(
+    ids: np.ndarray, progress: Callable[[float], None] | None = None
+) -> tuple[int, int] | None:
+    """Smallest and largest value of a 1-D array (None when empty), scanned chunk by chunk.
+
+    A memory map is paged through, never copied; ``progress`` gets the fraction done after each
+    chunk.
+    """
+    if ids.shape[0] == 0:
+        return None
+    low = high = int(ids[0])
+    done = 0
+    for chunk in chunks(ids):
+        low, high = min(low, int(chunk.min())), max(high, int(chunk.max()))
+        done += chunk.shape[0]
+        if progress is not None:
+            progress(done / ids.shape[0])
+    return low, high
 
 
 # ---------------------------------------------------------------------------------------------

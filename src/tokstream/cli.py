@@ -31,7 +31,7 @@ from typing import Any, TextIO
 import numpy as np
 
 import tokstream
-from tokstream import baselines
+from tokstream import _validate, baselines
 
 PROG = "tokstream"
 
@@ -581,18 +581,12 @@ def _value_range(
     tokens: np.ndarray, progress: Progress, label: str
 ) -> tuple[int, int] | tuple[None, None]:
     """Min and max id, scanned in chunks (a memory map is never read into memory at once)."""
-    if tokens.shape[0] == 0:
-        return None, None
-    chunk = 1 << 22
-    low, high = int(tokens[0]), int(tokens[0])
-    show = tokens.nbytes >= PROGRESS_MIN_BYTES
-    for start in range(0, tokens.shape[0], chunk):
-        part = tokens[start : start + chunk]
-        low, high = min(low, int(part.min())), max(high, int(part.max()))
-        if show:
-            done = min(start + chunk, tokens.shape[0]) / tokens.shape[0]
-            progress.update(f"{label}: scanning ids {done:.0%}")
-    return low, high
+
+    def show(done: float) -> None:
+        progress.update(f"{label}: scanning ids {done:.0%}")
+
+    bounds = _validate.value_range(tokens, show if tokens.nbytes >= PROGRESS_MIN_BYTES else None)
+    return bounds or (None, None)
 
 
 @dataclass

@@ -44,8 +44,6 @@ class Corpus:
             )
         names = [f"{name}[{i}]" for i in range(len(shards))]
         arrays = [_validate.token_array(shard, names[i]) for i, shard in enumerate(shards)]
-        if not arrays:
-            raise ValueError(f"{name} must hold at least one shard")
         self._set_shards(arrays, names, name)
 
     @classmethod
@@ -58,13 +56,13 @@ class Corpus:
         more telling name (its file) and must not pay for a second value scan of a uint64 file.
         ``names`` label the shards in the mixed-dtype error, ``name`` the whole.
         """
-        if not arrays:
-            raise ValueError(f"{name} must hold at least one shard")
         corpus = cls.__new__(cls)
         corpus._set_shards(arrays, names, name)
         return corpus
 
     def _set_shards(self, arrays: Sequence[np.ndarray], names: Sequence[str], name: str) -> None:
+        if not arrays:
+            raise ValueError(f"{name} must hold at least one shard")
         first_of_dtype: dict[str, str] = {}
         for shard_name, array in zip(names, arrays, strict=True):
             first_of_dtype.setdefault(str(array.dtype), shard_name)
@@ -82,11 +80,7 @@ class Corpus:
         """One shard; a :class:`Corpus` is passed through unchanged."""
         if isinstance(token_ids, Corpus):
             return token_ids
-        corpus = cls.__new__(cls)
-        array = _validate.token_array(token_ids, name)
-        corpus.shards = (array,)
-        corpus.lengths = np.array([array.shape[0]], dtype=np.int64)
-        return corpus
+        return cls.from_validated([_validate.token_array(token_ids, name)], [name], name)
 
     @property
     def dtype(self) -> np.dtype:

@@ -347,7 +347,7 @@ def write_tokens(path: PathLike, ids: Any, format: str = "npy", dtype: Any = Non
     path = Path(path)
     _validate.choice(format, "format", FORMATS)
     tokens = _validate.token_array(ids, "ids")
-    low, high = _value_range(tokens)
+    low, high = _validate.value_range(tokens) or (0, 0)
     if dtype is None:
         stored = _smallest_unsigned(low, high, format)
     else:
@@ -382,21 +382,9 @@ def write_tokens(path: PathLike, ids: Any, format: str = "npy", dtype: Any = Non
             header = np.zeros(LLMC_HEADER_INTS, dtype="<i4")
             header[:3] = (LLMC_MAGIC, LLMC_VERSION, tokens.shape[0])
             f.write(header.tobytes())
-        for start in range(0, tokens.shape[0], _validate.SCAN_CHUNK):
-            chunk = tokens[start : start + _validate.SCAN_CHUNK]
+        for chunk in _validate.chunks(tokens):
             f.write(chunk.astype(stored, copy=False).tobytes())
     return path
-
-
-def _value_range(tokens: np.ndarray) -> tuple[int, int]:
-    if tokens.shape[0] == 0:
-        return 0, 0
-    low = high = int(tokens[0])
-    for start in range(0, tokens.shape[0], _validate.SCAN_CHUNK):
-        chunk = tokens[start : start + _validate.SCAN_CHUNK]
-        low = min(low, int(chunk.min()))
-        high = max(high, int(chunk.max()))
-    return low, high
 
 
 def _smallest_unsigned(low: int, high: int, format: str) -> np.dtype:

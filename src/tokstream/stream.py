@@ -170,6 +170,10 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         """(epoch, position, epoch_rng_state) after the last batch the caller received."""
         if self._delivered is not None:
             return self._delivered
+        return self._live_cursor()
+
+    def _live_cursor(self) -> tuple:
+        """(epoch, position, epoch_rng_state) of the next batch to be assembled."""
         return self._epoch, self._position, self._epoch_rng_state
 
     # ------------------------------------------------------------------ iteration
@@ -185,7 +189,7 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
             if self._closed:
                 raise StopIteration
             if self._prefetcher is None:
-                self._delivered = self._epoch, self._position, self._epoch_rng_state
+                self._delivered = self._live_cursor()
                 self._prefetcher = Prefetcher(self, TokenStream._produce_ahead, self.prefetch)
             windows, targets, self._delivered = self._prefetcher.get()
             return windows, targets
@@ -193,7 +197,7 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
     def _produce_ahead(self) -> tuple[np.ndarray, np.ndarray, tuple]:
         with self._lock:
             windows, targets = self._produce()
-            return windows, targets, (self._epoch, self._position, self._epoch_rng_state)
+            return windows, targets, self._live_cursor()
 
     def _produce(self) -> tuple[np.ndarray, np.ndarray]:
         """Assemble the batch at the live cursor and advance it; the caller holds the lock."""
@@ -368,7 +372,7 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
                 f"{self.batches_per_epoch} global batches of {self.global_batch_size}"
             )
         rng_state = None
-        if self.shuffle and self.permutation == "materialized":
+        if self._draws_orders:
             rng_state = _decode_rng_state(state["rng_state"])
         elif state["rng_state"] is not None:
             raise ValueError(
