@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -148,9 +149,14 @@ def test_ctrl_c_from_a_signal_handler_during_a_long_run_leaves_the_stream_resuma
     previous = signal.signal(signal.SIGALRM, interrupt)
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.2)
+        # A guard, not a timing check: a signal that never arrives fails the test instead of
+        # filling memory with batches "forever".
+        give_up = time.monotonic() + 10
         with pytest.raises(KeyboardInterrupt):
             for windows, targets in stream:  # "forever": only the signal ends it
                 received.append((windows.tobytes(), targets.tobytes()))
+                if time.monotonic() > give_up:
+                    pytest.fail(f"SIGALRM did not interrupt {len(received)} batches in 10 s")
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
