@@ -381,6 +381,44 @@ def test_inspect_an_empty_file(tmp_path):
     }
 
 
+def test_inspect_and_open_tokens_expand_a_pattern_alike(tmp_path):
+    """One glob rule: an existing name holding glob characters is a file, not a pattern."""
+    from tokstream import files
+
+    for name in ("a[1].npy", "a1.npy", "b.npy"):
+        files.write_tokens(tmp_path / name, np.arange(10), format="npy")
+    for pattern in ("a[1].npy", "a*.npy", "?.npy"):
+        code, out, err = run("inspect", str(tmp_path / pattern), "--json")
+        assert code == 0, err
+        expected = [str(p) for p in files.expand_pattern(tmp_path / pattern)]
+        assert [s["path"] for s in json.loads(out)] == expected
+        assert len(files.open_tokens(tmp_path / pattern).shards) == len(expected)
+
+
+@pytest.mark.parametrize("dtype", ["uint16", ">i4", "int8", "m8", "M8[D]", "float32", "?", "x"])
+def test_cli_dtype_options_follow_the_integer_dtype_rule_of_open_tokens(tmp_path, dtype):
+    """One integer-dtype rule: what ``open_tokens`` rejects, ``--dtype`` rejects too."""
+    from tokstream import files
+
+    path = files.write_tokens(tmp_path / "ids.bin", np.arange(64), format="bin", dtype="uint8")
+    try:
+        files.open_tokens(path, dtype=dtype)
+    except TypeError:
+        rejected = True
+    else:
+        rejected = False
+    code, _, err = run("inspect", str(path), "--dtype", dtype, "--json")
+    assert code == (2 if rejected else 0), err
+
+
+def test_convert_names_the_output_suffixes_and_formats_of_the_files_table(tmp_path, capsys):
+    from tokstream import files
+
+    assert files.SUFFIX_FORMATS == {".npy": "npy", ".bin": "bin"}
+    assert cli.main(["convert", "in.npy", str(tmp_path / "out.tokens")]) == 2
+    assert "name it *.npy or *.bin, or pass --format npy|bin|llmc" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [

@@ -100,6 +100,20 @@ def choice(value: Any, name: str, allowed: Iterable[str]) -> str:
     return value
 
 
+def integer_dtype(dtype: Any, name: str) -> np.dtype:
+    """``dtype`` as an integer ``np.dtype`` (any size and byte order), else a TypeError.
+
+    Kinds, not ``np.issubdtype``: NumPy files timedelta64 under ``np.integer``.
+    """
+    try:
+        as_dtype = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer dtype, got {dtype!r}") from None
+    if as_dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer dtype, got {as_dtype}")
+    return as_dtype
+
+
 # ---------------------------------------------------------------------------------------------
 # Token arrays
 

@@ -31,7 +31,7 @@ from typing import Any, TextIO
 import numpy as np
 
 import tokstream
-from tokstream import _validate, baselines
+from tokstream import _validate, baselines, files
 
 PROG = "tokstream"
 
@@ -44,9 +44,6 @@ DEFAULT_BLOCKS = (8, 128, 1024, 1024, 2048)
 DEFAULT_BATCH_SIZES = (4096, 512, 64, 512, 16)
 #: Token dtypes the synthetic corpus may be held in: every one that holds ids below VOCAB_SIZE.
 SYNTHETIC_DTYPES = ("int64", "uint16", "int32", "uint32", "uint64")
-
-#: Token file formats of :mod:`tokstream.files`.
-FORMATS = ("npy", "bin", "llmc")
 
 #: Table columns of the paths, in order, with the names the table and the plot show.
 PATH_LABELS = {
@@ -117,11 +114,9 @@ def _name_list(allowed: Sequence[str]) -> Callable[[str], list[str]]:
 
 def _dtype_name(text: str) -> str:
     try:
-        dtype = np.dtype(text)
+        dtype = _validate.integer_dtype(text, "dtype")
     except TypeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a NumPy dtype") from None
-    if dtype.kind not in "iu":
-        raise argparse.ArgumentTypeError(f"expected an integer dtype, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected an integer dtype, got {text!r}") from None
     # The name drops the byte order: ">u2" must not come back as the native "uint16".
     return dtype.name if dtype.isnative else dtype.str
 
@@ -454,8 +449,6 @@ def _bench_corpora(
         parser.error("--tokens sizes the synthetic corpus; it cannot be used with --file")
     if args.dtype is not None and len(args.dtype) > 1:
         parser.error("--file takes at most one --dtype (the dtype of a raw token file)")
-    from tokstream import files
-
     corpus = files.open_tokens(args.file, dtype=args.dtype[0] if args.dtype else None)
     shards = corpus.shards
     ids = shards[0] if len(shards) == 1 else np.concatenate(shards)
@@ -558,23 +551,11 @@ def cmd_bench(
 PROGRESS_MIN_BYTES = 64 << 20
 #: Seconds between two looks at a conversion's output file.
 PROGRESS_INTERVAL = 0.2
-#: Output formats by file suffix (llm.c shards are usually named .bin too: pass --format llmc).
-SUFFIX_FORMATS = {".npy": "npy", ".bin": "bin"}
-_GLOB_CHARS = frozenset("*?[")
 
 
 def _expand(arguments: Sequence[str]) -> list[str]:
-    """Each argument as a file, or a pattern's sorted matches (an existing path is a file)."""
-    paths: list[str] = []
-    for argument in arguments:
-        if not os.path.exists(argument) and _GLOB_CHARS & set(argument):
-            matches = sorted(glob.glob(argument))
-            if not matches:
-                raise CommandError(f"the pattern {argument!r} matched no files")
-            paths.extend(matches)
-        else:
-            paths.append(argument)
-    return paths
+    """Each argument as a file, or a pattern's sorted matches (:func:`files.expand_pattern`)."""
+    return [str(path) for argument in arguments for path in files.expand_pattern(argument)]
 
 
 def _value_range(
@@ -610,8 +591,6 @@ def summarize(
     path: str, block: int, dtype: str | None, format: str | None, progress: Progress
 ) -> FileSummary:
     """Open ``path`` with :func:`tokstream.files.open_tokens` and describe it."""
-    from tokstream import files
-
     detected = files.detect_format(path) if format is None else format
     corpus = files.open_tokens(path, dtype=dtype, format=format)
     (tokens,) = corpus.shards
@@ -726,19 +705,18 @@ def _output_format(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     if args.format is not None:
         return args.format
     suffix = Path(args.output).suffix.lower()
-    if suffix not in SUFFIX_FORMATS:
+    if suffix not in files.SUFFIX_FORMATS:
         parser.error(
-            f"cannot tell the output format from {args.output!r}: name it *.npy or *.bin, or "
-            "pass --format npy|bin|llmc"
+            f"cannot tell the output format from {args.output!r}: name it "
+            f"{' or '.join('*' + s for s in files.SUFFIX_FORMATS)}, or pass --format "
+            f"{'|'.join(files.FORMATS)}"
         )
-    return SUFFIX_FORMATS[suffix]
+    return files.SUFFIX_FORMATS[suffix]
 
 
 def cmd_convert(
     args: argparse.Namespace, parser: argparse.ArgumentParser, stdout: TextIO, stderr: TextIO
 ) -> int:
-    from tokstream import files
-
     out_format = _output_format(args, parser)
     corpus = files.open_tokens(args.input, dtype=args.in_dtype, format=args.in_format)
     if len(corpus.shards) != 1:
@@ -753,8 +731,7 @@ def cmd_convert(
     else:
         dtype = str(corpus.dtype)
     itemsize = 2 if dtype is None else np.dtype(dtype).itemsize
-    header = {"npy": 128, "llmc": 1024, "bin": 0}[out_format]
-    expected = header + tokens.shape[0] * itemsize
+    expected = files.FORMAT_TABLE[out_format].header_bytes + tokens.shape[0] * itemsize
     progress = Progress(None if args.quiet else stderr)
     label = f"{args.input} -> {args.output}"
     target = Path(args.output)
@@ -863,7 +840,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="token dtype of raw .bin files (default uint16); for .npy and llm.c, an expectation",
     )
     inspect.add_argument(
-        "--format", choices=FORMATS, default=None, help="read as this format (default: detect)"
+        "--format", choices=files.FORMATS, default=None,
+        help="read as this format (default: detect)",
     )
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -881,7 +859,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("input", metavar="IN", help="token file to read")
     convert.add_argument("output", metavar="OUT", help="token file to write")
     convert.add_argument(
-        "--format", choices=FORMATS, default=None,
+        "--format", choices=files.FORMATS, default=None,
         help="output format (default from OUT's suffix; llm.c shards need --format llmc)",
     )
     convert.add_argument(
@@ -893,7 +871,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="token dtype of a raw .bin IN (default uint16)",
     )
     convert.add_argument(
-        "--in-format", choices=FORMATS, default=None, help="read IN as this format"
+        "--in-format", choices=files.FORMATS, default=None, help="read IN as this format"
     )
     convert.add_argument("--quiet", action="store_true", help="no progress on stderr")
     convert.set_defaults(handler=cmd_convert, command_parser=convert)

@@ -28,6 +28,7 @@ import os
 import secrets
 import tokenize
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -36,8 +37,6 @@ import numpy as np
 from tokstream import _validate
 from tokstream.corpus import Corpus
 
-FORMATS = ("npy", "bin", "llmc")
-
 NPY_MAGIC = b"\x93NUMPY"
 LLMC_MAGIC = 20240520
 LLMC_VERSION = 1
@@ -45,12 +44,39 @@ LLMC_HEADER_INTS = 256
 LLMC_HEADER_BYTES = LLMC_HEADER_INTS * 4
 LLMC_TOKEN_DTYPE = np.dtype("<u2")
 
+
+@dataclass(frozen=True)
+class FileFormat:
+    """What the readers, :func:`write_tokens` and the command line know about one format."""
+
+    name: str
+    #: The output file suffix that names this format when none is given (None: it must be
+    #: asked for by name, as llm.c shards are, whose files are called ``*.bin`` too).
+    suffix: str | None
+    #: Bytes before the tokens in a file :func:`write_tokens` writes (a 1-D ``.npy`` header
+    #: is 128 bytes).
+    header_bytes: int
+
+
+#: Every format, by name, in the order messages list them.
+FORMAT_TABLE = {
+    spec.name: spec
+    for spec in (
+        FileFormat("npy", ".npy", 128),
+        FileFormat("bin", ".bin", 0),
+        FileFormat("llmc", None, LLMC_HEADER_BYTES),
+    )
+}
+FORMATS = tuple(FORMAT_TABLE)
+#: Output formats by file suffix (lower case).
+SUFFIX_FORMATS = {spec.suffix: name for name, spec in FORMAT_TABLE.items() if spec.suffix}
+
 # Other llm.c files that share the header layout but hold something this reader does not (the
 # llama-3 shards of uint32 tokens, the evaluation files): named in the error instead of being
 # mistaken for raw tokens.
 _OTHER_LLMC_MAGICS = {20240801: "an llm.c llama-3 token shard", 20240522: "an llm.c eval file"}
 
-_GLOB_CHARS = frozenset("*?[")
+GLOB_CHARS = frozenset("*?[")
 
 PathLike = str | os.PathLike
 
@@ -143,21 +169,30 @@ def open_tokens(
     """
     if format is not None:
         _validate.choice(format, "format", FORMATS)
-    want = None if dtype is None else _integer_dtype(dtype, "dtype")
+    want = None if dtype is None else _validate.integer_dtype(dtype, "dtype")
     paths = _resolve_paths(path_or_paths_or_glob)
     arrays = [_open_one(path, want, format) for path in paths]
     return Corpus.from_validated(arrays, [str(p) for p in paths], name="token files")
 
 
+def expand_pattern(spec: PathLike) -> list[Path]:
+    """``spec`` as one path, or a pattern's matches in sorted order.
+
+    A path that exists is never a pattern; anything else holding ``*``, ``?`` or ``[`` is one,
+    and a pattern that matches nothing is a ValueError (never an empty corpus).
+    """
+    text = os.fspath(spec)
+    if not os.path.exists(text) and GLOB_CHARS & set(text):
+        matches = sorted(glob.glob(text))
+        if not matches:
+            raise ValueError(f"token file pattern {text!r} matched no files")
+        return [Path(m) for m in matches]
+    return [Path(spec)]
+
+
 def _resolve_paths(spec: Any) -> list[Path]:
     if isinstance(spec, (str, os.PathLike)):
-        path = Path(spec)
-        if not path.exists() and _GLOB_CHARS & set(str(spec)):
-            matches = sorted(glob.glob(os.fspath(spec)))
-            if not matches:
-                raise ValueError(f"token file pattern {os.fspath(spec)!r} matched no files")
-            return [Path(m) for m in matches]
-        return [path]
+        return expand_pattern(spec)
     if isinstance(spec, (list, tuple)):
         if not spec:
             raise ValueError("open_tokens got an empty list of token files")
@@ -298,16 +333,6 @@ def _existing_file(path: Any) -> Path:
     return path
 
 
-def _integer_dtype(dtype: Any, name: str) -> np.dtype:
-    try:
-        as_dtype = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer dtype, got {dtype!r}") from None
-    if not np.issubdtype(as_dtype, np.integer):
-        raise TypeError(f"{name} must be an integer dtype, got {as_dtype}")
-    return as_dtype
-
-
 # ---------------------------------------------------------------------------------------------
 # Writing
 
@@ -351,7 +376,7 @@ def write_tokens(path: PathLike, ids: Any, format: str = "npy", dtype: Any = Non
     if dtype is None:
         stored = _smallest_unsigned(low, high, format)
     else:
-        stored = _integer_dtype(dtype, "dtype")
+        stored = _validate.integer_dtype(dtype, "dtype")
         info = np.iinfo(stored)
         if format == "llmc" and stored.newbyteorder("=") != LLMC_TOKEN_DTYPE.newbyteorder("="):
             raise ValueError(
