@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokstream import baselines, cli
+from tokstream import _progress, baselines, cli
 
 # A corpus and shapes small enough that a whole bench run takes a fraction of a second.
 TINY = ["--tokens", "3000", "--block", "4,16", "--batch-size", "32,8", "--batches", "2"]
@@ -283,29 +283,6 @@ def test_bench_on_a_token_file(tmp_path):
     assert [c["dtype"] for c in report["cases"]] == ["uint16"]
 
 
-def test_table_formats_every_case():
-    case = cli.Case("uint16", False, 8, 64)
-    case.rates = {
-        "reference": [10.0, 12.0, 11.0],
-        "fast": [110.0, 100.0, 90.0],
-        "gather_limit": [20.0, 30.0, 25.0],
-    }
-    table = cli.bench_table([case], ["reference", "fast", "gather_limit"])
-    header, rule, row = table.splitlines()
-    cells = row.split("|")[1:-1]
-    assert [c.strip() for c in cells] == [
-        "uint16", "sequential", "8", "64", "11.0", "100", "25.0", "9.09x", "0.50x"
-    ]
-    assert [c.strip() for c in header.split("|")[1:-1]] == [
-        "dtype", "order", "block", "batch", "reference", "fast", "gather limit (Mwin/s)",
-        "fast/ref", "fast win/gather",
-    ]
-    # Text left-aligned, numbers right-aligned (Markdown's "---:"), every column one width.
-    assert cells[0] == " uint16 " and cells[2].endswith("8 ") and cells[2].startswith("  ")
-    assert rule.split("|")[1:-1][0] == "--------" and rule.split("|")[1:-1][2].endswith(":")
-    assert len(header) == len(rule) == len(row)
-
-
 # ---------------------------------------------------------------------------------------------
 # inspect and convert
 
@@ -503,8 +480,8 @@ def test_convert_shows_progress_on_large_files(tmp_path, token_files, monkeypatc
     from tokstream import files
 
     _, paths = token_files
-    monkeypatch.setattr(cli, "PROGRESS_MIN_BYTES", 1)
-    monkeypatch.setattr(cli, "PROGRESS_INTERVAL", 0.001)
+    monkeypatch.setattr(_progress, "PROGRESS_MIN_BYTES", 1)
+    monkeypatch.setattr(_progress, "PROGRESS_INTERVAL", 0.001)
     real_write = files.write_tokens
 
     def slow_write(path, ids, format="npy", dtype=None):
@@ -525,21 +502,3 @@ def test_convert_shows_progress_on_large_files(tmp_path, token_files, monkeypatc
     code, _, err = run("convert", str(paths["npy"]), str(tmp_path / "big.bin"))
     assert code == 0, err
     assert "ids.npy -> " in err and "100% (0 of 0 MB" in err
-
-
-def test_watcher_falls_back_to_elapsed_time_without_a_temporary_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "PROGRESS_INTERVAL", 0.001)
-
-    class Recorder(cli.Progress):
-        def __init__(self):
-            super().__init__(None)
-            self.messages = []
-
-        def update(self, message, *, final=False):
-            self.messages.append(message)
-
-    recorder = Recorder()
-    with cli._WriteWatcher(tmp_path / "never.bin", 100, recorder, "label"):
-        time.sleep(0.05)
-    assert recorder.messages
-    assert all(m.startswith("label: ") and m.endswith(" s") for m in recorder.messages)
