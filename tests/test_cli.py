@@ -115,6 +115,27 @@ def test_usage_errors_and_help_go_to_the_streams_main_was_given(capsys):
     assert capsys.readouterr() == ("", "")
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["convert", "a.npy", "b.xyz"], "cannot tell the output format from 'b.xyz'"),
+        (["bench", "--block", "8,3", "--batch-size", "1,2,3"], "--block has 2 values"),
+        (["bench", "--dtype", "int8"], "--dtype int8 cannot hold the synthetic ids"),
+        (["bench", "--file", "x.npy", "--tokens", "10"], "--tokens sizes the synthetic corpus"),
+        (["bench", "--file", "x.npy", "--dtype", "int64,uint16"], "--file takes at most one"),
+    ],
+)
+def test_usage_errors_of_command_handlers_go_to_the_streams_main_was_given(argv, message, capsys):
+    """Handlers raise; main() prints the command's usage and the error on its stderr: exit 2."""
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.main(argv, stdout=out, stderr=err) == 2
+    usage, error = err.getvalue().splitlines()[0], err.getvalue().splitlines()[-1]
+    assert usage.startswith(f"usage: tokstream {argv[0]} ")
+    assert error.startswith(f"tokstream {argv[0]}: error: ") and message in error
+    assert out.getvalue() == ""
+    assert capsys.readouterr() == ("", "")
+
+
 # ---------------------------------------------------------------------------------------------
 # bench
 
@@ -388,12 +409,12 @@ def test_cli_dtype_options_follow_the_integer_dtype_rule_of_open_tokens(tmp_path
     assert code == (2 if rejected else 0), err
 
 
-def test_convert_names_the_output_suffixes_and_formats_of_the_files_table(tmp_path, capsys):
+def test_convert_names_the_output_suffixes_and_formats_of_the_files_table(tmp_path):
     from tokstream import files
 
     assert files.SUFFIX_FORMATS == {".npy": "npy", ".bin": "bin"}
-    assert cli.main(["convert", "in.npy", str(tmp_path / "out.tokens")]) == 2
-    assert "name it *.npy or *.bin, or pass --format npy|bin|llmc" in capsys.readouterr().err
+    code, _, err = run("convert", "in.npy", str(tmp_path / "out.tokens"))
+    assert code == 2 and "name it *.npy or *.bin, or pass --format npy|bin|llmc" in err
 
 
 @pytest.mark.parametrize(
@@ -462,11 +483,13 @@ def test_convert_to_llmc_refuses_ids_beyond_uint16(tmp_path):
     assert not (tmp_path / "s.bin").exists()
 
 
-def test_convert_needs_a_format_it_can_tell(tmp_path, token_files, capsys):
+def test_convert_needs_a_format_it_can_tell(tmp_path, token_files):
     _, paths = token_files
-    assert cli.main(["convert", str(paths["npy"]), str(tmp_path / "out.tokens")]) == 2
-    assert "--format" in capsys.readouterr().err
-    assert cli.main(["convert", str(paths["npy"]), str(tmp_path / "o.npy"), "--format", "x"]) == 2
+    code, out, err = run("convert", str(paths["npy"]), str(tmp_path / "out.tokens"))
+    assert code == 2 and out == "" and "--format" in err
+    assert not (tmp_path / "out.tokens").exists()
+    code, _, err = run("convert", str(paths["npy"]), str(tmp_path / "o.npy"), "--format", "x")
+    assert code == 2 and "--format" in err
 
 
 def test_convert_missing_input_exits_1(tmp_path):

@@ -34,6 +34,10 @@ DEFAULT_BLOCKS = tuple(block for block, _ in bench.SHAPES)
 DEFAULT_BATCH_SIZES = tuple(batch_size for _, batch_size in bench.SHAPES)
 
 
+class UsageError(Exception):
+    """A command's arguments do not go together: printed with the usage, exit code 2."""
+
+
 class CommandError(Exception):
     """An expected failure of a command: printed as one line, exit code 1."""
 
@@ -92,7 +96,7 @@ def _dtype_name(text: str) -> str:
 # bench: the command
 
 
-def _shapes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[tuple[int, int]]:
+def _shapes(args: argparse.Namespace) -> list[tuple[int, int]]:
     blocks = args.block or list(DEFAULT_BLOCKS)
     sizes = args.batch_size or (
         list(DEFAULT_BATCH_SIZES) if args.block is None else [DEFAULT_BATCH_SIZES[1]]
@@ -102,32 +106,34 @@ def _shapes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[t
     if len(sizes) == 1:
         sizes = sizes * len(blocks)
     if len(blocks) != len(sizes):
-        parser.error(
+        raise UsageError(
             f"--block has {len(blocks)} values and --batch-size {len(sizes)}: give one value "
             "for both, or equally many (paired as shapes)"
         )
     return list(dict.fromkeys(zip(blocks, sizes, strict=True)))
 
 
-def _bench_corpora(
-    args: argparse.Namespace, parser: argparse.ArgumentParser
-) -> tuple[list[tuple[str, np.ndarray]], str]:
+def _check_corpus_options(args: argparse.Namespace) -> None:
     if args.file is None:
-        num_tokens = DEFAULT_TOKENS if args.tokens is None else args.tokens
-        dtypes = args.dtype or ["int64"]
-        for dtype in dtypes:
+        for dtype in args.dtype or []:
             if dtype not in bench.SYNTHETIC_DTYPES:
-                parser.error(
+                raise UsageError(
                     f"--dtype {dtype} cannot hold the synthetic ids below {bench.VOCAB_SIZE}; "
                     f"choose from {', '.join(bench.SYNTHETIC_DTYPES)}"
                 )
-        base = bench.synthetic_corpus(num_tokens, "int64", args.seed)
-        corpora = [(dtype, base.astype(dtype, copy=False)) for dtype in dtypes]
-        return corpora, f"synthetic corpus of {num_tokens:,} ids below {bench.VOCAB_SIZE}"
+        return
     if args.tokens is not None:
-        parser.error("--tokens sizes the synthetic corpus; it cannot be used with --file")
+        raise UsageError("--tokens sizes the synthetic corpus; it cannot be used with --file")
     if args.dtype is not None and len(args.dtype) > 1:
-        parser.error("--file takes at most one --dtype (the dtype of a raw token file)")
+        raise UsageError("--file takes at most one --dtype (the dtype of a raw token file)")
+
+
+def _bench_corpora(args: argparse.Namespace) -> tuple[list[tuple[str, np.ndarray]], str]:
+    if args.file is None:
+        num_tokens = DEFAULT_TOKENS if args.tokens is None else args.tokens
+        base = bench.synthetic_corpus(num_tokens, "int64", args.seed)
+        corpora = [(dtype, base.astype(dtype, copy=False)) for dtype in args.dtype or ["int64"]]
+        return corpora, f"synthetic corpus of {num_tokens:,} ids below {bench.VOCAB_SIZE}"
     corpus = files.open_tokens(args.file, dtype=args.dtype[0] if args.dtype else None)
     shards = corpus.shards
     ids = shards[0] if len(shards) == 1 else np.concatenate(shards)
@@ -147,9 +153,10 @@ def _bench_paths(args: argparse.Namespace, stderr: TextIO) -> list[str]:
 
 
 def cmd_bench(
-    args: argparse.Namespace, parser: argparse.ArgumentParser, stdout: TextIO, stderr: TextIO
+    args: argparse.Namespace, stdout: TextIO, stderr: TextIO
 ) -> int:
-    shapes = _shapes(args, parser)
+    shapes = _shapes(args)
+    _check_corpus_options(args)
     if args.plot is not None:
         try:
             bench.check_plot_target(args.plot)
@@ -159,7 +166,7 @@ def cmd_bench(
     progress = _progress.Progress(None if args.quiet else stderr)
     started = time.perf_counter()
     progress.update("building the corpus", final=True)
-    corpora, source = _bench_corpora(args, parser)
+    corpora, source = _bench_corpora(args)
     cases = bench.run_cases(
         corpora, shapes, paths, shuffle=args.shuffle, rounds=args.rounds, batches=args.batches,
         seed=args.seed, progress=progress,
@@ -193,7 +200,7 @@ def _expand(arguments: Sequence[str]) -> list[str]:
 
 
 def cmd_inspect(
-    args: argparse.Namespace, parser: argparse.ArgumentParser, stdout: TextIO, stderr: TextIO
+    args: argparse.Namespace, stdout: TextIO, stderr: TextIO
 ) -> int:
     progress = _progress.Progress(None if args.quiet else stderr)
     summaries = [
@@ -209,12 +216,12 @@ def cmd_inspect(
     return 0
 
 
-def _output_format(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+def _output_format(args: argparse.Namespace) -> str:
     if args.format is not None:
         return args.format
     suffix = Path(args.output).suffix.lower()
     if suffix not in files.SUFFIX_FORMATS:
-        parser.error(
+        raise UsageError(
             f"cannot tell the output format from {args.output!r}: name it "
             f"{' or '.join('*' + s for s in files.SUFFIX_FORMATS)}, or pass --format "
             f"{'|'.join(files.FORMATS)}"
@@ -223,9 +230,9 @@ def _output_format(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 
 
 def cmd_convert(
-    args: argparse.Namespace, parser: argparse.ArgumentParser, stdout: TextIO, stderr: TextIO
+    args: argparse.Namespace, stdout: TextIO, stderr: TextIO
 ) -> int:
-    out_format = _output_format(args, parser)
+    out_format = _output_format(args)
     corpus = files.open_tokens(args.input, dtype=args.in_dtype, format=args.in_format)
     if len(corpus.shards) != 1:
         raise CommandError(
@@ -402,9 +409,12 @@ def main(
     except SystemExit as exc:  # --help, --version (0) and usage errors (2)
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        return args.handler(args, args.command_parser, stdout, stderr)
-    except SystemExit as exc:  # parser.error() from a command's own argument checks
-        return exc.code if isinstance(exc.code, int) else 2
+        return args.handler(args, stdout, stderr)
+    except UsageError as exc:  # as argparse reports its own: the usage, then the error
+        command_parser = args.command_parser
+        command_parser.print_usage(stderr)
+        print(f"{command_parser.prog}: error: {exc}", file=stderr)
+        return 2
     except (CommandError, TypeError, ValueError, OSError) as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=stderr)
         return 1
