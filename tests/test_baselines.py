@@ -200,3 +200,21 @@ def test_ratios_name_measured_paths_and_labels_cover_every_path():
         assert {top, bottom} <= set(baselines.PATHS)
     assert baselines.ratio("fast", "reference", 30.0, 10.0, block=8) == 3.0
     assert baselines.ratio("fast", "gather_limit", 800.0, 50.0, block=8) == 2.0
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize(
+    ("num_windows", "batch_size"), [(10, 3), (10, 10), (4, 9), (0, 2), (-3, 2)]
+)
+def test_batch_starts_cut_each_epochs_order_into_consecutive_batches(
+    shuffle, num_windows, batch_size
+):
+    from tokstream.reference import batch_starts
+
+    got = list(batch_starts(num_windows, batch_size, 3, shuffle, np.random.RandomState(5)))
+    rng = np.random.RandomState(5)
+    expected = []
+    for _ in range(3 if num_windows > 0 else 0):
+        order = rng.permutation(num_windows) if shuffle else np.arange(num_windows)
+        expected += [order[k : k + batch_size] for k in range(0, num_windows, batch_size)]
+    assert [s.tolist() for s in got] == [s.tolist() for s in expected]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 import sys
 import tracemalloc
 from pathlib import Path
@@ -137,6 +138,56 @@ def test_a_failed_write_leaves_neither_the_file_nor_a_temporary(tmp_path, monkey
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("path", ["", ".", "..", "sub", "sub/"])
+def test_write_tokens_refuses_a_path_that_names_no_file_before_writing(tmp_path, monkeypatch, path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ValueError, match="name a file|is a directory"):
+        write_tokens(path, np.arange(10))
+    assert [p.name for p in tmp_path.iterdir()] == ["sub"] and not any((tmp_path / "sub").iterdir())
+
+
+def test_write_tokens_with_a_path_that_is_not_a_path_is_a_type_error():
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike, got int"):
+        write_tokens(3, np.arange(10))
+
+
+def test_a_failed_rename_removes_the_temporary_and_names_the_file(tmp_path, monkeypatch):
+    # The destination becomes a directory between the check and the rename (another process),
+    # so the operating system itself refuses the rename.
+    target = tmp_path / "t.npy"
+    real_replace = os.replace
+
+    def racing_replace(source, destination):
+        Path(destination).mkdir()
+        return real_replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", racing_replace)
+    with pytest.raises(OSError) as raised:
+        write_tokens(target, np.arange(1000))
+    assert raised.value.filename == str(target)
+    assert ".tmp" not in str(raised.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["t.npy"] and target.is_dir()
+
+
+def test_a_file_that_cannot_be_created_is_named_not_its_temporary(tmp_path):
+    target = tmp_path / "missing_directory" / "t.npy"
+    with pytest.raises(FileNotFoundError) as raised:
+        write_tokens(target, np.arange(10))
+    assert raised.value.filename == str(target) and ".tmp" not in str(raised.value)
+
+
+def test_a_name_at_the_length_limit_is_written_and_one_beyond_it_is_a_value_error(tmp_path):
+    longest = "t" * 251 + ".npy"  # 255 bytes: valid, though its temporary name could not be
+    path = write_tokens(tmp_path / longest, np.arange(10))
+    assert open_tokens(path).shards[0].tolist() == list(range(10))
+    assert [p.name for p in tmp_path.iterdir()] == [longest]
+    with pytest.raises(ValueError, match="longer than the file system allows") as raised:
+        write_tokens(tmp_path / ("t" + longest), np.arange(10))
+    assert "t" + longest in str(raised.value)
+    assert [p.name for p in tmp_path.iterdir()] == [longest]
+
+
 # ---------------------------------------------------------------------------------------------
 # Detection by magic, not by name
 
@@ -253,7 +304,21 @@ BAD_FILES = {
     "raw asked to be npy": ("t.bin", lambda p: p.write_bytes(bytes(10)), {"format": "npy"},
                             "bad magic"),
     "a directory": ("data", lambda p: p.mkdir(), {}, "is a directory"),
+    "npy shape (True,)": ("t.npy", lambda p: _npy_with_shape(p, (True,), 2), {},
+                          "unreadable .npy header"),
+    "npy shape (False,)": ("t.npy", lambda p: _npy_with_shape(p, (False,), 0), {},
+                           "unreadable .npy header"),
 }
+
+
+def _npy_with_shape(path: Path, shape: tuple, data_bytes: int) -> None:
+    """A .npy file of uint16 whose header says ``shape`` (NumPy's writer checks nothing)."""
+    import io
+
+    buffer = io.BytesIO()
+    header = {"descr": "<u2", "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(buffer, header)
+    path.write_bytes(buffer.getvalue() + bytes(data_bytes))
 
 
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
@@ -303,6 +368,11 @@ def test_a_pattern_that_matches_nothing_is_a_value_error_naming_it(tmp_path):
         (lambda d: open_tokens(d / "a.bin", format="zip"), ValueError, "'zip'"),
         (lambda d: open_tokens(d / "a.bin", format=1), TypeError, "format"),
         (lambda d: detect_format(3), TypeError, "int"),
+        (lambda d: open_tokens(d / "a.bin", dtype="m8"), TypeError, "timedelta64"),
+        (lambda d: open_tokens(d / "a.bin", dtype=("i4", "x")), TypeError, "dtype"),
+        (lambda d: open_tokens(d / "a.bin", dtype=("i4", 2)), TypeError, "dtype"),
+        (lambda d: open_tokens(d / ("x" * 300)), ValueError, "longer than the file system"),
+        (lambda d: open_tokens([d / "a.bin", d / ("x" * 300)]), ValueError, "x" * 200),
     ],
 )
 def test_wrong_arguments_to_open_tokens_are_rejected(tmp_path, call, error, message):
@@ -325,6 +395,10 @@ def test_wrong_arguments_to_open_tokens_are_rejected(tmp_path, call, error, mess
         (np.array([0, 1]), {"format": None}, TypeError, "format"),
         (np.array([0.5]), {}, ValueError, "fractional"),
         (np.array([True]), {}, TypeError, "bool"),
+        (np.array([0, 1]), {"dtype": "m8"}, TypeError, "timedelta64"),
+        (np.array([0, 1]), {"dtype": ("i4", "x")}, TypeError, "dtype"),
+        ("0123", {}, TypeError, "ids must be a sequence or array"),
+        ([1, 10**5000], {}, ValueError, r"ids\[1\] = an int of 16610 bits"),
     ],
 )
 def test_write_tokens_rejects_ids_that_do_not_fit_and_bad_arguments(

@@ -75,13 +75,13 @@ def _prepare(
     return ids, block, batch_size, epochs, shuffle, seed
 
 
-def _epoch_orders(
-    num_windows: int, epochs: int, shuffle: bool, seed: int
+def _batch_starts(
+    num_windows: int, batch_size: int, epochs: int, shuffle: bool, seed: int
 ) -> Iterator[np.ndarray]:
-    """The reference's window order, one array per epoch, drawn lazily from one generator."""
-    rng = np.random.RandomState(seed)
-    for _ in range(epochs):
-        yield rng.permutation(num_windows) if shuffle else np.arange(num_windows)
+    """The reference's batches of window starts, from a ``RandomState(seed)`` of their own."""
+    return _reference.batch_starts(
+        num_windows, batch_size, epochs, shuffle, np.random.RandomState(seed)
+    )
 
 
 def reference(
@@ -138,14 +138,11 @@ def best_numpy(
 def _best_numpy(
     ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool, seed: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    num_windows = ids.shape[0] - block
-    if num_windows <= 0:
+    if block > ids.shape[0]:  # no window, no batch; sliding_window_view would refuse the block
         return
     windows_view = sliding_window_view(ids, block)
-    for order in _epoch_orders(num_windows, epochs, shuffle, seed):
-        for k in range(0, num_windows, batch_size):
-            starts = order[k : k + batch_size]
-            yield windows_view[starts], ids[starts + block]
+    for starts in _batch_starts(ids.shape[0] - block, batch_size, epochs, shuffle, seed):
+        yield windows_view[starts], ids[starts + block]
 
 
 def torch_available() -> bool:
@@ -179,17 +176,12 @@ def _nanogpt(
     torch: Any, ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool,
     seed: int,
 ) -> Iterator[tuple[Any, Any]]:
-    num_windows = ids.shape[0] - block
-    if num_windows <= 0:
-        return
-    for order in _epoch_orders(num_windows, epochs, shuffle, seed):
-        for k in range(0, num_windows, batch_size):
-            starts = order[k : k + batch_size]
-            windows = torch.stack(
-                [torch.from_numpy(ids[i : i + block].astype(np.int64, copy=False)) for i in starts]
-            )
-            next_tokens = torch.from_numpy(ids[starts + block].astype(np.int64, copy=False))
-            yield windows, next_tokens
+    for starts in _batch_starts(ids.shape[0] - block, batch_size, epochs, shuffle, seed):
+        windows = torch.stack(
+            [torch.from_numpy(ids[i : i + block].astype(np.int64, copy=False)) for i in starts]
+        )
+        next_tokens = torch.from_numpy(ids[starts + block].astype(np.int64, copy=False))
+        yield windows, next_tokens
 
 
 def copy_limit(
@@ -273,15 +265,11 @@ def _gather_limit(
     ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool, seed: int
 ) -> Iterator[tuple[np.ndarray]]:
     num_windows = ids.shape[0] - block
-    if num_windows <= 0:
-        return
-    full = np.empty(batch_size, dtype=ids.dtype)
-    for order in _epoch_orders(num_windows, epochs, shuffle, seed):
-        for k in range(0, num_windows, batch_size):
-            starts = order[k : k + batch_size]
-            out = full[: starts.shape[0]]
-            np.take(ids, starts, out=out)
-            yield (out,)
+    full = np.empty(max(min(batch_size, num_windows), 0), dtype=ids.dtype)  # the largest batch
+    for starts in _batch_starts(num_windows, batch_size, epochs, shuffle, seed):
+        out = full[: starts.shape[0]]
+        np.take(ids, starts, out=out)
+        yield (out,)
 
 
 def epochs_for(num_tokens: int, block: int, batch_size: int, batches: int) -> int:
