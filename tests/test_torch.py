@@ -413,6 +413,8 @@ def run_the_readme_example(rank: int, world_size: int, port: int, out: str):
         }
         dist.barrier()  # rank 0 has written the checkpoint of step 6
         runs["resumed"] = train(tokens, f"{out}/resumed.pt", steps=12, save_every=3)
+        dist.barrier()  # rank 0 has written the checkpoint of step 12
+        runs["finished, run again"] = train(tokens, f"{out}/resumed.pt", steps=12, save_every=3)
         Path(out, f"rank{rank}.json").write_text(json.dumps(runs))
     finally:
         dist.destroy_process_group()
@@ -424,4 +426,6 @@ def test_the_readme_ddp_example_resumes_to_bit_identical_losses(monkeypatch, tmp
         runs = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert len(runs["uninterrupted"]) == 12 and len(runs["stopped"]) == 6
         assert runs["stopped"] + runs["resumed"] == runs["uninterrupted"]
-    assert not (tmp_path / "whole.pt").exists()
+        assert runs["finished, run again"] == []
+    # save_every=100 left one checkpoint, at the last step.
+    assert torch.load(tmp_path / "whole.pt")["step"] == 12
