@@ -567,7 +567,8 @@ OPEN_UNDER_LOW_ULIMIT = """
 import os, resource, sys
 import numpy as np
 from tokstream import open_tokens, stream_token_source
-resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), hard))
 before = len(os.listdir("/dev/fd"))
 corpus = open_tokens(os.path.join(sys.argv[1], "shard_*"))
 held = len(os.listdir("/dev/fd")) - before
