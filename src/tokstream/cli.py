@@ -57,6 +57,7 @@ PATH_LABELS = {
     "fast_reuse": "fast (reuse)",
     "copy_limit": "copy limit",
     "gather_limit": "gather limit",
+    "c_loop": "C loop",
 }
 #: Ratios reported for each shape: (numerator, denominator, table label). The gather limit
 #: counts windows, so the ratio to it compares windows per second.
@@ -67,6 +68,7 @@ RATIOS = (
     ("fast", "copy_limit", "fast/copy"),
     ("fast_reuse", "copy_limit", "reuse/copy"),
     ("fast", "gather_limit", "fast win/gather"),
+    ("fast", "c_loop", "fast/C loop"),
 )
 
 
