@@ -23,6 +23,10 @@ window (its ``len()`` is the batch's window count):
     filled by a plain C loop (one ``memcpy`` per int64 window) at the software-prefetch distance
     that is fastest on this machine: the single-thread random-window limit.
 
+:data:`PATH_LABELS` names the paths in tables and plots; :data:`RATIOS` and :func:`ratio` are the
+figures every report derives from them; :func:`check_identical` is the first-batch check that must
+pass before any path is timed.
+
 Like the stream, every path draws its epoch order (``RandomState(seed).permutation(n)``, or the
 random offsets of ``copy_limit``) when its first batch is requested, not when it is called: a
 benchmark that takes the first batch untimed excludes the one-off permutation from its figure.
@@ -50,8 +54,12 @@ __all__ = [
     "LOADERS",
     "PATHS",
     "C_LOOP_DISTANCES",
+    "PATH_LABELS",
+    "RATIOS",
+    "best_c_loop_distance",
     "best_numpy",
     "c_loop",
+    "check_identical",
     "consume",
     "copy_limit",
     "epochs_for",
@@ -59,6 +67,7 @@ __all__ = [
     "fast_reuse",
     "gather_limit",
     "nanogpt",
+    "ratio",
     "reference",
     "torch_available",
 ]
@@ -74,13 +83,13 @@ def _prepare(
     return ids, block, batch_size, epochs, shuffle, seed
 
 
-def _epoch_orders(
-    num_windows: int, epochs: int, shuffle: bool, seed: int
+def _batch_starts(
+    num_windows: int, batch_size: int, epochs: int, shuffle: bool, seed: int
 ) -> Iterator[np.ndarray]:
-    """The reference's window order, one array per epoch, drawn lazily from one generator."""
-    rng = np.random.RandomState(seed)
-    for _ in range(epochs):
-        yield rng.permutation(num_windows) if shuffle else np.arange(num_windows)
+    """The reference's batches of window starts, from a ``RandomState(seed)`` of their own."""
+    return _reference.batch_starts(
+        num_windows, batch_size, epochs, shuffle, np.random.RandomState(seed)
+    )
 
 
 def reference(
@@ -137,14 +146,11 @@ def best_numpy(
 def _best_numpy(
     ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool, seed: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    num_windows = ids.shape[0] - block
-    if num_windows <= 0:
+    if block > ids.shape[0]:  # no window, no batch; sliding_window_view would refuse the block
         return
     windows_view = sliding_window_view(ids, block)
-    for order in _epoch_orders(num_windows, epochs, shuffle, seed):
-        for k in range(0, num_windows, batch_size):
-            starts = order[k : k + batch_size]
-            yield windows_view[starts], ids[starts + block]
+    for starts in _batch_starts(ids.shape[0] - block, batch_size, epochs, shuffle, seed):
+        yield windows_view[starts], ids[starts + block]
 
 
 def torch_available() -> bool:
@@ -178,17 +184,12 @@ def _nanogpt(
     torch: Any, ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool,
     seed: int,
 ) -> Iterator[tuple[Any, Any]]:
-    num_windows = ids.shape[0] - block
-    if num_windows <= 0:
-        return
-    for order in _epoch_orders(num_windows, epochs, shuffle, seed):
-        for k in range(0, num_windows, batch_size):
-            starts = order[k : k + batch_size]
-            windows = torch.stack(
-                [torch.from_numpy(ids[i : i + block].astype(np.int64, copy=False)) for i in starts]
-            )
-            next_tokens = torch.from_numpy(ids[starts + block].astype(np.int64, copy=False))
-            yield windows, next_tokens
+    for starts in _batch_starts(ids.shape[0] - block, batch_size, epochs, shuffle, seed):
+        windows = torch.stack(
+            [torch.from_numpy(ids[i : i + block].astype(np.int64, copy=False)) for i in starts]
+        )
+        next_tokens = torch.from_numpy(ids[starts + block].astype(np.int64, copy=False))
+        yield windows, next_tokens
 
 
 def copy_limit(
@@ -272,15 +273,11 @@ def _gather_limit(
     ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool, seed: int
 ) -> Iterator[tuple[np.ndarray]]:
     num_windows = ids.shape[0] - block
-    if num_windows <= 0:
-        return
-    full = np.empty(batch_size, dtype=ids.dtype)
-    for order in _epoch_orders(num_windows, epochs, shuffle, seed):
-        for k in range(0, num_windows, batch_size):
-            starts = order[k : k + batch_size]
-            out = full[: starts.shape[0]]
-            np.take(ids, starts, out=out)
-            yield (out,)
+    full = np.empty(max(min(batch_size, num_windows), 0), dtype=ids.dtype)  # the largest batch
+    for starts in _batch_starts(num_windows, batch_size, epochs, shuffle, seed):
+        out = full[: starts.shape[0]]
+        np.take(ids, starts, out=out)
+        yield (out,)
 
 
 #: Software-prefetch distances (windows ahead) :func:`c_loop` tries; 0 is no prefetch.
@@ -316,18 +313,15 @@ def _c_loop(
     distance: int | None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     num_windows = ids.shape[0] - block
-    if num_windows <= 0:
-        return
-    windows = np.empty((batch_size, block), dtype=np.int64)
-    next_tokens = np.empty(batch_size, dtype=np.int64)
-    for order in _epoch_orders(num_windows, epochs, shuffle, seed):
-        if distance is None:
-            distance = best_c_loop_distance(ids, block, batch_size, seed)
-        for k in range(0, num_windows, batch_size):
-            starts = order[k : k + batch_size]
-            count = starts.shape[0]
-            _baseline_loop.copy_windows(ids, starts, windows, next_tokens, distance)
-            yield windows[:count], next_tokens[:count]
+    rows = max(min(batch_size, num_windows), 0)  # the largest batch
+    windows = np.empty((rows, block), dtype=np.int64)
+    next_tokens = np.empty(rows, dtype=np.int64)
+    if distance is None and rows:
+        distance = best_c_loop_distance(ids, block, rows, seed)
+    for starts in _batch_starts(num_windows, batch_size, epochs, shuffle, seed):
+        count = starts.shape[0]
+        _baseline_loop.copy_windows(ids, starts, windows, next_tokens, distance)
+        yield windows[:count], next_tokens[:count]
 
 
 def best_c_loop_distance(ids: np.ndarray, block: int, batch_size: int, seed: int = 0) -> int:
@@ -395,3 +389,72 @@ LIMITS: dict[str, Path] = {
 }
 
 PATHS: dict[str, Path] = {**LOADERS, **LIMITS}
+
+#: The names tables and plots show for the paths, in table order.
+PATH_LABELS = {
+    "reference": "reference",
+    "best_numpy": "best NumPy",
+    "nanogpt": "nanoGPT",
+    "fast": "fast",
+    "fast_reuse": "fast (reuse)",
+    "copy_limit": "copy limit",
+    "gather_limit": "gather limit",
+    "c_loop": "C loop",
+}
+#: Ratios reported for each shape: (numerator, denominator, table label). The gather limit
+#: counts windows, so the ratio to it compares windows per second.
+RATIOS = (
+    ("fast", "reference", "fast/ref"),
+    ("fast", "best_numpy", "fast/NumPy"),
+    ("fast", "nanogpt", "fast/nanoGPT"),
+    ("fast", "copy_limit", "fast/copy"),
+    ("fast_reuse", "copy_limit", "reuse/copy"),
+    ("fast", "gather_limit", "fast win/gather"),
+    ("fast", "c_loop", "fast/C loop"),
+)
+
+
+def ratio(top: str, bottom: str, top_rate: float, bottom_rate: float, block: int) -> float:
+    """``top_rate / bottom_rate`` in the same unit: tokens/s, or windows/s for the gather limit.
+
+    >>> ratio("fast", "gather_limit", 800.0, 50.0, block=8)
+    2.0
+    """
+    if bottom == "gather_limit":
+        top_rate /= block
+    return top_rate / bottom_rate
+
+
+def _as_numpy(value: Any) -> np.ndarray:
+    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+
+
+def check_identical(
+    first: dict[str, tuple[Any, ...]], block: int, against: str = "fast"
+) -> None:
+    """Raise ValueError unless every path's first batch agrees with the ``against`` path's.
+
+    ``first`` maps path names to their first batch and must hold ``against``, a loader. Loaders
+    must yield its windows and next tokens (int64, same order); the gather limit must hold each
+    window's first token; the copy limit must have the windows' shape. A path that fails is not
+    doing the same job, so timing it would compare unlike with unlike.
+    """
+    windows, next_tokens = (_as_numpy(part) for part in first[against])
+    for path, batch in first.items():
+        if path in LOADERS:
+            got_windows, got_next = (_as_numpy(part) for part in batch)
+            same = (
+                got_windows.dtype == np.int64
+                and got_next.dtype == np.int64
+                and np.array_equal(got_windows, windows)
+                and np.array_equal(got_next, next_tokens)
+            )
+        elif path == "gather_limit":
+            same = np.array_equal(batch[0], windows[:, 0])
+        else:
+            same = batch[0].shape == windows.shape
+        if not same:
+            raise ValueError(
+                f"path {path!r} yielded a different first batch from the {against} path at "
+                f"block={block}; refusing to time it"
+            )
