@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from tokstream import Corpus, open_tokens, reference, stream_token_source
-from tokstream.stream import implicit_round_keys
+from tokstream._order import implicit_round_keys
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SPEC_ARGS = ("block", "batch_size", "epochs", "shuffle", "seed")
