@@ -109,7 +109,7 @@ def test_state_dicts_taken_while_threads_iterate_are_consistent_cursors():
 
     def worker(i):
         if i == 0:
-            # At least one state, however the threads are scheduled on a loaded machine.
+            # At least one state, even when the other threads finish before this one runs.
             while not states or not done.is_set():
                 states.append(shared.state_dict())
         else:
