@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream import _windows
+from tokstream import _baseline_loop, _readahead, _windows
 
 # Modules whose import has a side effect (the command line runs) or needs an optional extra.
 _NOT_IMPORTED = {"tokstream.__main__"}
@@ -84,55 +84,66 @@ def test_help_shows_the_real_signature_of_the_stream() -> None:
     assert "Examples" in text
 
 
-@pytest.mark.parametrize("name", ["gather_windows", "permuted_positions"])
-def test_help_shows_the_real_signature_of_each_kernel(name: str) -> None:
-    function = getattr(_windows, name)
+COMPILED = {"_windows": _windows, "_readahead": _readahead, "_baseline_loop": _baseline_loop}
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "first_parameters"),
+    [
+        ("_windows", "gather_windows", "tokens, starts, windows"),
+        ("_windows", "permuted_positions", "out, first, stride"),
+        ("_readahead", "advise_windows", "tokens, starts, span"),
+        ("_readahead", "resident_fraction", "tokens"),
+        ("_baseline_loop", "copy_windows", "tokens, starts, windows"),
+        ("_baseline_loop", "read_at", "fd, offsets, buffer"),
+    ],
+)
+def test_help_shows_the_real_signature_of_each_kernel(module, name, first_parameters) -> None:
+    function = getattr(COMPILED[module], name)
     text = pydoc.render_doc(function, renderer=pydoc.plaintext)
     parameters = ", ".join(inspect.signature(function).parameters)
-    assert parameters.startswith(("tokens, starts, windows", "out, first, stride"))
+    assert parameters.startswith(first_parameters)
     assert f"{name}(" in text
     # What Cython embeds for a fused function when left to itself.
     assert "signatures, args, kwargs" not in text
 
 
-def _stub_functions() -> dict[str, ast.FunctionDef]:
-    source = (importlib.resources.files("tokstream") / "_windows.pyi").read_text()
-    tree = ast.parse(source)
-    return {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+def _stub(module: str) -> ast.Module:
+    source = (importlib.resources.files("tokstream") / f"{module}.pyi").read_text()
+    return ast.parse(source)
 
 
-def _stub_attributes() -> set[str]:
-    source = (importlib.resources.files("tokstream") / "_windows.pyi").read_text()
-    return {
-        node.target.id
-        for node in ast.parse(source).body
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-    }
-
-
-def test_kernel_stubs_match_the_compiled_module() -> None:
-    stubs = _stub_functions()
+@pytest.mark.parametrize("module", list(COMPILED))
+def test_kernel_stubs_match_the_compiled_module(module: str) -> None:
+    tree = _stub(module)
+    stubs = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    compiled_module = COMPILED[module]
     compiled = {
         name
-        for name in dir(_windows)
-        if not name.startswith("_") and callable(getattr(_windows, name))
+        for name in dir(compiled_module)
+        if not name.startswith("_") and callable(getattr(compiled_module, name))
     }
     assert set(stubs) == compiled
     for name, node in stubs.items():
-        runtime = inspect.signature(getattr(_windows, name))
+        runtime = inspect.signature(getattr(compiled_module, name))
         stub_args = [a.arg for a in node.args.args]
         assert stub_args == list(runtime.parameters), name
         empty = inspect.Parameter.empty
         defaults = [p.default for p in runtime.parameters.values() if p.default is not empty]
         assert len(node.args.defaults) == len(defaults), name
-    for attribute in _stub_attributes():
-        assert hasattr(_windows, attribute), attribute
+    attributes = {
+        node.target.id
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    }
+    assert attributes | set(stubs) == {n for n in dir(compiled_module) if not n.startswith("_")}
 
 
 def test_package_ships_py_typed_and_stubs() -> None:
     package = importlib.resources.files("tokstream")
     assert (package / "py.typed").is_file()
-    assert (package / "_windows.pyi").is_file()
+    for module in COMPILED:
+        assert (package / f"{module}.pyi").is_file()
 
 
 # ---------------------------------------------------------------------------------------------
