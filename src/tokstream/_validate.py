@@ -373,17 +373,11 @@ class StreamOptions:
         world_size = positive_int(values["world_size"], "world_size")
         rank = nonnegative_int(values["rank"], "rank")
         if rank >= world_size:
-            raise ValueError(f"rank must be below world_size={world_size}, got {rank}")
+            raise ValueError(f"rank must be below world_size={world_size}, got {shown(rank)}")
         drop_last = exact_bool(values["drop_last"], "drop_last")
         permutation = choice(values["permutation"], "permutation", PERMUTATIONS)
         prefetch = nonnegative_int(values["prefetch"], "prefetch")
         reuse_buffers = nonnegative_int(values["reuse_buffers"], "reuse_buffers")
-        if reuse_buffers and prefetch and reuse_buffers < prefetch + 2:
-            raise ValueError(
-                f"reuse_buffers must be at least prefetch + 2 = {prefetch + 2} (the queued "
-                f"batches, the one being assembled and the one the caller holds), got "
-                f"{reuse_buffers}"
-            )
         return cls(
             block=block,
             batch_size=batch_size,
@@ -398,6 +392,18 @@ class StreamOptions:
             prefetch=prefetch,
             reuse_buffers=reuse_buffers,
         )
+
+    @property
+    def ring_size(self) -> int:
+        """Batch buffers a ``reuse_buffers`` stream cycles through (0: fresh batches).
+
+        With ``prefetch=p`` up to ``p`` batches wait in the queue and one is being assembled
+        while the caller holds its last ``reuse_buffers``, so ``p + 1`` more buffers keep every
+        held batch intact until the caller has received ``reuse_buffers`` more.
+        """
+        if not self.reuse_buffers:
+            return 0
+        return self.reuse_buffers + (self.prefetch + 1 if self.prefetch else 0)
 
     @property
     def global_batch_size(self) -> int:

@@ -123,6 +123,8 @@ class Prefetcher:
 
     def stop(self) -> None:
         """Ask the thread to stop; no result begins after its next check. Does not wait."""
+        if self.orphaned:
+            return  # no thread to tell, and its events' locks may have been held by it
         self._stop.set()
         self._go.set()
 
