@@ -189,7 +189,7 @@ def test_bench_json_holds_every_round_and_consistent_ratios():
             case["paths"]["fast_reuse"]["median"] / case["paths"]["copy_limit"]["median"]
         )
         expected_ratios = {"fast/reference", "fast/best_numpy", "fast/copy_limit",
-                           "fast_reuse/copy_limit", "fast/gather_limit"}
+                           "fast_reuse/copy_limit", "fast/gather_limit", "fast/c_loop"}
         if baselines.torch_available():
             expected_ratios.add("fast/nanogpt")
         assert set(ratios) == expected_ratios

@@ -16,13 +16,16 @@ Three formats, told apart by their first bytes rather than by their names:
 A raw file whose first two uint16 tokens happen to spell llm.c's magic (54216, 308: beyond
 GPT-2's vocabulary) would be taken for an llm.c shard; ``format="bin"`` reads it raw.
 
-Every corpus :func:`open_tokens` returns is read-only and backed by ``np.memmap``: opening a file
-reads its header and, for a uint64 file, scans its values in bounded chunks; the tokens are paged
-in by the OS only when a window touches them.
+Every corpus :func:`open_tokens` returns is read-only and memory-mapped: opening a file reads
+its header and, for a uint64 file, scans its values in bounded chunks; the tokens are paged in by
+the OS only when a window touches them. A mapping keeps no file descriptor open
+(:mod:`tokstream._filemap`), so a corpus of thousands of shards opens under ``ulimit -n 1024``,
+and pickling it (for spawned DataLoader workers) sends each file's name, not its tokens.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import secrets
@@ -35,6 +38,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from tokstream import _validate
+from tokstream._filemap import map_tokens
 from tokstream.corpus import Corpus
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -148,7 +152,7 @@ def open_tokens(
     Returns
     -------
     Corpus
-        One shard per file, each a read-only view of a ``np.memmap`` in the file's own dtype
+        One shard per file, each a read-only memory map of the file in its own dtype
         (an empty file's shard is an empty read-only array). Windows never cross from one file
         into the next. A file in non-native byte order is the one exception to "no copy": the
         kernel reads native integers, so it is copied into memory once.
@@ -249,6 +253,9 @@ def _open_npy(path: Path) -> np.ndarray:
             # NumPy parses the header with tokenize and ast.literal_eval, whose errors leak out.
             raise ValueError(f"token file {path}: unreadable .npy header: {exc}") from None
         offset = f.tell()
+    if any(isinstance(length, bool) for length in shape):
+        # NumPy's header check takes a bool for an int: (True,) would map 1 token, (False,) none.
+        raise ValueError(f"token file {path}: unreadable .npy header: shape {shape} is not ints")
     if len(shape) != 1:
         raise ValueError(f"token file {path}: a .npy token file must be 1-D, it has shape {shape}")
     # Kinds, not np.issubdtype: NumPy files timedelta64 under np.integer.
@@ -319,18 +326,31 @@ def _map(path: Path, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
         empty = np.empty(0, dtype=dtype)
         empty.flags.writeable = False
         return empty
-    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
+    return map_tokens(os.fspath(path), offset, dtype, count)
 
 
 def _existing_file(path: Any) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"token file path must be a str or os.PathLike, got {type(path).__name__}")
     path = Path(path)
-    if not path.exists():
+    try:
+        exists = path.exists()
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise _name_too_long(path) from None
+        raise
+    if not exists:
         raise FileNotFoundError(2, "token file not found", os.fspath(path))
     if path.is_dir():
         raise ValueError(f"token file {path} is a directory; pass a pattern such as '{path}/*'")
     return path
+
+
+def _name_too_long(path: Path) -> ValueError:
+    return ValueError(
+        f"token file path {os.fspath(path)!r}: a name in it (or the whole path) is longer than "
+        "the file system allows"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,9 +387,13 @@ def write_tokens(path: PathLike, ids: Any, format: str = "npy", dtype: Any = Non
         ``ids`` is not token ids, ``dtype`` not an integer dtype, ``format`` not a string.
     ValueError
         An unknown format; ids that do not fit the requested dtype (or, with ``dtype=None``,
-        uint32; or, for ``"llmc"``, uint16); ids beyond llm.c's int32 token count.
+        uint32; or, for ``"llmc"``, uint16); ids beyond llm.c's int32 token count; a path that
+        names no file (``""``, a directory) or holds a name longer than the file system allows.
+    OSError
+        The file cannot be written or renamed into place (the message names ``path``, and the
+        temporary file is removed).
     """
-    path = Path(path)
+    path = _output_path(path)
     _validate.choice(format, "format", FORMATS)
     tokens = _validate.token_array(ids, "ids")
     low, high = _validate.value_range(tokens) or (0, 0)
@@ -428,21 +452,64 @@ def _smallest_unsigned(low: int, high: int, format: str) -> np.dtype:
     )
 
 
+def _output_path(path: Any) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    as_path = Path(path)
+    if as_path.name in ("", ".."):  # Path("") is Path("."), whose name is ""
+        raise ValueError(f"path must name a file, got {os.fspath(path)!r}")
+    if os.path.isdir(as_path):
+        raise ValueError(f"token file {as_path} is a directory; name a file inside it")
+    return as_path
+
+
+# Bytes in one file name on every common file system (NAME_MAX).
+_NAME_MAX = 255
+
+
 class _atomic_writer:
-    """A binary file under a temporary name beside ``path``, renamed onto it on success."""
+    """A binary file under a temporary name beside ``path``, renamed onto it on success.
+
+    On any failure (writing, closing, renaming) the temporary file is removed, and an OSError
+    names ``path``, not the temporary the caller never asked for.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
     def __enter__(self) -> BinaryIO:
+        token = secrets.token_hex(8)
+        name = f".{self.path.name}.{token}.tmp"
+        if len(os.fsencode(name)) > _NAME_MAX:  # a long but valid name must stay writable
+            name = f".tokstream.{token}.tmp"
         # Not tempfile.mkstemp: its 0600 mode would stick to the renamed file.
-        self.temp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(8)}.tmp")
-        self.file = open(self.temp, "xb")
+        self.temp = self.path.with_name(name)
+        try:
+            self.file = open(self.temp, "xb")
+        except OSError as exc:
+            raise self._error(exc) from None
         return self.file
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.file.close()
-        if exc_type is None:
-            os.replace(self.temp, self.path)
-        else:
+        try:
+            self.file.close()
+            if exc_type is None:
+                os.replace(self.temp, self.path)
+        except BaseException as error:
             self.temp.unlink(missing_ok=True)
+            if isinstance(error, OSError):
+                raise self._error(error) from None
+            raise
+        if exc_type is not None:
+            self.temp.unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise self._error(exc) from None
+
+    def _error(self, error: OSError) -> Exception:
+        if error.errno == errno.ENAMETOOLONG:
+            return _name_too_long(self.path)
+        if error.errno is None:
+            return OSError(f"cannot write token file {os.fspath(self.path)!r}: {error}")
+        return OSError(
+            error.errno, f"cannot write token file: {error.strerror}", os.fspath(self.path)
+        )
