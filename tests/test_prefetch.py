@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import itertools
 import os
@@ -204,9 +205,9 @@ def test_a_reused_batch_stays_intact_until_the_caller_has_received_k_more(reuse,
     kwargs = {"epochs": 2, "seed": 3, "targets": "shifted"}
     expected = batches_of(stream_token_source(IDS, 8, 32, **kwargs))
     stream = stream_token_source(IDS, 8, 32, reuse_buffers=reuse, prefetch=prefetch, **kwargs)
-    held = []
+    held = collections.deque(maxlen=reuse)  # this batch and the reuse - 1 before it
     for i, (windows, targets) in enumerate(stream):
-        held = [*held[-(reuse - 1) :], (i, windows, targets)] if reuse > 1 else [(i, windows, targets)]
+        held.append((i, windows, targets))
         if i < 40:
             time.sleep(0.002)  # let the thread run as far ahead as it may
         for j, w, t in held:
@@ -243,29 +244,26 @@ def test_ctrl_c_inside_the_prefetch_threads_start_orphans_nothing_and_skips_noth
     assert prefetch_threads() == []
 
 
-def interrupt_prefetcher_close(monkeypatch) -> None:
-    """Make the next ``Prefetcher.close()`` raise KeyboardInterrupt after asking the thread to
-    stop and before it is joined, as a Ctrl-C during the join does."""
-    from tokstream.prefetch import Prefetcher
-
-    real_close = Prefetcher.close
+def interrupt_prefetch_thread_join(monkeypatch) -> None:
+    """Make the next join of a prefetch thread raise KeyboardInterrupt, as a Ctrl-C landing
+    while ``close()`` or ``load_state_dict()`` waits for the thread does."""
+    real_join = threading.Thread.join
     left = {"n": 1}
 
-    def close(prefetcher):
-        if left["n"]:
+    def join(thread, timeout=None):
+        if thread.name == "tokstream-prefetch" and left["n"]:
             left["n"] -= 1
-            prefetcher.stop()
             raise KeyboardInterrupt
-        real_close(prefetcher)
+        return real_join(thread, timeout)
 
-    monkeypatch.setattr(Prefetcher, "close", close)
+    monkeypatch.setattr(threading.Thread, "join", join)
 
 
 def test_ctrl_c_during_close_still_closes_the_stream(monkeypatch):
     stream = stream_token_source(IDS, 8, 16, epochs=5, seed=1, prefetch=3)
     for _ in range(4):
         next(stream)
-    interrupt_prefetcher_close(monkeypatch)
+    interrupt_prefetch_thread_join(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         stream.close()
     with pytest.raises(StopIteration):
@@ -282,7 +280,7 @@ def test_ctrl_c_during_load_state_dict_leaves_the_stream_where_it_was(monkeypatc
     for _ in range(5):
         next(stream)
     time.sleep(0.05)  # the thread runs 4 batches ahead
-    interrupt_prefetcher_close(monkeypatch)
+    interrupt_prefetch_thread_join(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         stream.load_state_dict(early)
     # The load did not happen: the stream continues after the 5 batches it delivered.
@@ -339,9 +337,9 @@ def test_a_child_forked_after_prefetching_started_continues_the_stream(reuse):
     os.close(write_end)
     try:
         with os.fdopen(read_end) as report:
-            child = call_within(report.read, 60)
+            child = call_within(report.read, 30)
     finally:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 5
         while os.waitpid(pid, os.WNOHANG) == (0, 0):
             if time.monotonic() > deadline:
                 os.kill(pid, 9)
