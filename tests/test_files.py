@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
@@ -17,6 +18,7 @@ import tokstream
 from tests.conftest import KERNEL_DTYPES, assert_same_batches, sharded_oracle_batches
 from tokstream import Corpus, open_tokens, stream_token_source, write_tokens
 from tokstream import reference as ref
+from tokstream._filemap import FileMap
 from tokstream.files import LLMC_MAGIC, detect_format
 
 FORMATS = ["npy", "bin", "llmc"]
@@ -36,10 +38,10 @@ def batches(stream) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(w.copy(), t.copy()) for w, t in stream]
 
 
-def memmap_of(array: np.ndarray) -> np.memmap | None:
-    """The ``np.memmap`` an array is a view of, following ``.base``."""
+def file_map_of(array: np.ndarray) -> FileMap | None:
+    """The file mapping an array is a view of, following ``.base``."""
     base = array
-    while base is not None and not isinstance(base, np.memmap):
+    while base is not None and not isinstance(base, FileMap):
         base = base.base
     return base
 
@@ -485,9 +487,9 @@ def test_a_memory_mapped_file_of_every_dtype_is_read_in_place(tmp_path, dtype):
     path = write_tokens(tmp_path / "t.npy", ids, dtype=dtype)
     corpus = open_tokens(path)
     shard = corpus.shards[0]
-    mapped = memmap_of(shard)
-    assert mapped is not None and Path(mapped.filename) == path.resolve()
-    assert np.shares_memory(shard, mapped)
+    mapped = file_map_of(shard)
+    assert mapped is not None and Path(mapped.path) == path
+    assert np.shares_memory(shard, np.asarray(mapped))
     assert shard.dtype == dtype and not shard.flags.writeable
     stream = stream_token_source(corpus, 7, 64, shuffle=True, seed=3)
     assert stream.corpus.shards[0] is shard
@@ -556,6 +558,44 @@ def test_a_non_native_byte_order_file_is_copied_into_native_order(tmp_path):
     assert shard.dtype == np.uint16 and shard.dtype.isnative
     assert list(corpus.memory_maps()) == []
     assert shard.tolist() == list(range(100))
+
+
+# ---------------------------------------------------------------------------------------------
+# No file descriptor per shard
+
+OPEN_UNDER_LOW_ULIMIT = """
+import os, resource, sys
+import numpy as np
+from tokstream import open_tokens, stream_token_source
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), hard))
+before = len(os.listdir("/dev/fd"))
+corpus = open_tokens(os.path.join(sys.argv[1], "shard_*"))
+held = len(os.listdir("/dev/fd")) - before
+windows = sum(len(w) for w, _ in stream_token_source(corpus, 3, 64, shuffle=True))
+print(len(corpus.shards), held, windows, corpus.advise(random=True))
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="RLIMIT_NOFILE is POSIX")
+def test_thousands_of_shards_open_and_stream_under_ulimit_n_1024_holding_no_descriptor(tmp_path):
+    shards = 3000
+    for j in range(shards):
+        (np.arange(j % 7 + 4, dtype=np.uint16) + j).tofile(tmp_path / f"shard_{j:05d}.bin")
+    expected_windows = sum(j % 7 + 1 for j in range(shards))
+    result = subprocess.run(
+        [sys.executable, "-c", OPEN_UNDER_LOW_ULIMIT, str(tmp_path), "1024"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(shards), "0", str(expected_windows), str(shards)]
+
+
+def test_a_mapped_file_stays_readable_after_its_name_is_gone(tmp_path):
+    path = write_tokens(tmp_path / "t.npy", np.arange(1000))
+    corpus = open_tokens(path)
+    path.unlink()
+    assert corpus.shards[0].tolist() == list(range(1000))
 
 
 # ---------------------------------------------------------------------------------------------

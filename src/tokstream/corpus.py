@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
+from tokstream._filemap import FileMap
 from tokstream._windows import gather_windows
 
 
@@ -111,16 +112,17 @@ class Corpus:
         """How many ``(block + 1)``-token windows the corpus holds."""
         return int(self.window_offsets(block)[-1])
 
-    def memory_maps(self) -> Iterator[mmap.mmap]:
-        """The distinct ``mmap.mmap`` objects the shards are views of (none for in-RAM arrays).
+    def memory_maps(self) -> Iterator[mmap.mmap | FileMap]:
+        """The distinct mappings the shards are views of (none for in-RAM arrays).
 
         Found by following each shard's ``.base`` chain, which ends at the ``mmap.mmap`` for a
-        ``np.memmap``, for ``np.load(..., mmap_mode=...)`` and for views of either.
+        ``np.memmap``, for ``np.load(..., mmap_mode=...)`` and for views of either, and at the
+        :class:`~tokstream._filemap.FileMap` for a file :func:`tokstream.open_tokens` opened.
         """
         seen: set[int] = set()
         for shard in self.shards:
             base: Any = shard
-            while base is not None and not isinstance(base, mmap.mmap):
+            while base is not None and not isinstance(base, (mmap.mmap, FileMap)):
                 base = getattr(base, "base", None)
             if base is not None and id(base) not in seen and not base.closed:
                 seen.add(id(base))

@@ -16,9 +16,11 @@ Three formats, told apart by their first bytes rather than by their names:
 A raw file whose first two uint16 tokens happen to spell llm.c's magic (54216, 308: beyond
 GPT-2's vocabulary) would be taken for an llm.c shard; ``format="bin"`` reads it raw.
 
-Every corpus :func:`open_tokens` returns is read-only and backed by ``np.memmap``: opening a file
-reads its header and, for a uint64 file, scans its values in bounded chunks; the tokens are paged
-in by the OS only when a window touches them.
+Every corpus :func:`open_tokens` returns is read-only and memory-mapped: opening a file reads
+its header and, for a uint64 file, scans its values in bounded chunks; the tokens are paged in by
+the OS only when a window touches them. A mapping keeps no file descriptor open
+(:mod:`tokstream._filemap`), so a corpus of thousands of shards opens under ``ulimit -n 1024``,
+and pickling it (for spawned DataLoader workers) sends each file's name, not its tokens.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from tokstream import _validate
+from tokstream._filemap import map_tokens
 from tokstream.corpus import Corpus
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -149,7 +152,7 @@ def open_tokens(
     Returns
     -------
     Corpus
-        One shard per file, each a read-only view of a ``np.memmap`` in the file's own dtype
+        One shard per file, each a read-only memory map of the file in its own dtype
         (an empty file's shard is an empty read-only array). Windows never cross from one file
         into the next. A file in non-native byte order is the one exception to "no copy": the
         kernel reads native integers, so it is copied into memory once.
@@ -323,7 +326,7 @@ def _map(path: Path, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
         empty = np.empty(0, dtype=dtype)
         empty.flags.writeable = False
         return empty
-    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
+    return map_tokens(os.fspath(path), offset, dtype, count)
 
 
 def _existing_file(path: Any) -> Path:
