@@ -176,7 +176,7 @@ def open_tokens(
     want = None if dtype is None else _validate.integer_dtype(dtype, "dtype")
     paths = _resolve_paths(path_or_paths_or_glob)
     arrays = [_open_one(path, want, format) for path in paths]
-    return Corpus.from_validated(arrays, [str(p) for p in paths], name="token files")
+    return Corpus._from_arrays(arrays, [str(p) for p in paths], name="token files")
 
 
 def expand_pattern(spec: PathLike) -> list[Path]:
