@@ -86,10 +86,17 @@ class WindowOrder:
 
     def after(self, cursor: Cursor) -> Cursor:
         """The cursor after the global batch at ``cursor``: the next one, or the next epoch's."""
+        return self.following(cursor) or self.next_epoch(cursor)
+
+    def following(self, cursor: Cursor) -> Cursor | None:
+        """The cursor of the next global batch of ``cursor``'s epoch; None after its last.
+
+        Unlike :meth:`after`, it never crosses into the next epoch, so it changes nothing.
+        """
         position = cursor.position + self.options.global_batch_size
         if position // self.options.global_batch_size < self.batches_per_epoch:
             return Cursor(cursor.epoch, position, cursor.rng_state)
-        return self.next_epoch(cursor)
+        return None
 
     def next_epoch(self, cursor: Cursor) -> Cursor:
         """The first cursor of the epoch after ``cursor``'s."""

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
+from tokstream._advice import advise_windows
 from tokstream._filemap import FileMap
 from tokstream._windows import gather_windows
 
@@ -298,6 +299,7 @@ class WindowGather:
         # The kernel specialised for the corpus dtype (keyed by its C type, e.g. "uint16_t"), so
         # no batch pays the fused-type dispatch.
         self._kernel = gather_windows.__signatures__[f"{corpus.dtype.name}_t"]
+        self._advise = advise_windows.__signatures__[f"{corpus.dtype.name}_t"]
 
     def __call__(
         self,
@@ -312,19 +314,37 @@ class WindowGather:
             # valid token index.
             self._kernel(self._single, starts, windows, next_tokens, targets, None, self._prefetch)
             return
+        for shard, rows, local_starts in self._by_shard(starts):
+            self._kernel(
+                self._shards[shard], local_starts, windows, next_tokens, targets, rows,
+                self._prefetch,
+            )
+
+    def advise(self, starts: np.ndarray, sample: int) -> int:
+        """Ask the OS to start reading the windows ``starts``, unless a sample of them is resident.
+
+        See :func:`tokstream._advice.advise_windows`; returns how many windows were advised (0
+        when the sampled windows were all in memory, or where ``madvise`` does not exist).
+        """
+        span = self.block + 1
+        if self._single is not None:
+            return self._advise(self._single, starts, span, sample)
+        return sum(
+            self._advise(self._shards[shard], local_starts, span, sample)
+            for shard, _, local_starts in self._by_shard(starts)
+        )
+
+    def _by_shard(self, starts: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """``(shard, rows, local starts)`` for each shard that holds some of the windows."""
         shard_of = np.searchsorted(self.offsets, starts, side="right") - 1
         order = np.argsort(shard_of, kind="stable")
         sorted_shards = shard_of[order]
         boundaries = np.flatnonzero(np.diff(sorted_shards)) + 1
-        for group in np.split(order, boundaries):
-            if group.shape[0] == 0:
+        for rows in np.split(order, boundaries):
+            if rows.shape[0] == 0:
                 continue
-            shard = int(shard_of[group[0]])
-            local_starts = starts[group] - self.offsets[shard]
-            self._kernel(
-                self._shards[shard], local_starts, windows, next_tokens, targets, group,
-                self._prefetch,
-            )
+            shard = int(shard_of[rows[0]])
+            yield shard, rows, starts[rows] - self.offsets[shard]
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -63,7 +63,7 @@ class ReadAhead:
         return self._resident_streak >= WARM_AFTER
 
     def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
-        """The window indices of the batch at ``cursor`` (``count`` of them), as the order has them."""
+        """The ``count`` window indices of the batch at ``cursor``, as the order has them."""
         starts = self._take(cursor)
         if self.warm:
             if starts is None:

@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from tokstream import _state
+from tokstream import _advice, _state
 from tokstream._order import WindowOrder
 from tokstream._state import Cursor
 from tokstream._validate import StreamOptions, stream_signature
 from tokstream.corpus import Corpus, WindowGather
 from tokstream.prefetch import Prefetcher
+from tokstream.readahead import ReadAhead
 
 
 class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
@@ -65,6 +66,13 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         self._gather = WindowGather(corpus, options.block, prefetch=options.shuffle)
         corpus.advise(options.shuffle)
         self._order = WindowOrder(self._gather.num_windows, options)
+        # Random windows of a memory-mapped corpus are read ahead; sequential ones are left to
+        # the OS's own read-ahead (MADV_SEQUENTIAL), arrays in RAM need none.
+        self._readahead = (
+            ReadAhead(self._order, self._gather, options.batch_size)
+            if options.shuffle and _advice.AVAILABLE and next(corpus.memory_maps(), None)
+            else None
+        )
         self._config = _state.config(corpus, options)
         self._lock = threading.Lock()
         self._closed = False
@@ -154,7 +162,10 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         if self._closed or cursor.epoch >= options.epochs or self.batches_per_epoch == 0:
             raise StopIteration
         count = self._order.rows(cursor)
-        starts = self._order.batch_windows(cursor, count)
+        if self._readahead is None:
+            starts = self._order.batch_windows(cursor, count)
+        else:
+            starts = self._readahead.batch_windows(cursor, count)
         next_only = options.targets == "next"
         if options.reuse_buffers:
             windows, targets = self._ring_slot()
@@ -199,6 +210,8 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
             with self._lock:
                 self._closed = True
                 self._order.release()
+                if self._readahead is not None:
+                    self._readahead.reset()
 
     def _stop_prefetcher(self) -> None:
         if self._prefetcher is not None:
@@ -256,6 +269,8 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
             self._stop_prefetcher()
             with self._lock:
                 self._order.release()
+                if self._readahead is not None:
+                    self._readahead.reset()
                 if cursor.position // self.global_batch_size == self.batches_per_epoch > 0:
                     # Only an elastic resume gets here: the saved world size cut the epoch's
                     # tail later than this one does, so this epoch is already over.
