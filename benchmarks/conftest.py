@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from tokstream.cli import PATH_LABELS, RATIOS, ratio
+from tokstream.baselines import PATH_LABELS, RATIOS, ratio
+from tokstream.bench import synthetic_corpus
 
-VOCAB_SIZE = 50257
 SEED = 0
 
 
@@ -47,9 +47,8 @@ BATCHES = _env_int("TOKSTREAM_BENCH_BATCHES", 40)
 
 @pytest.fixture(scope="session")
 def corpus_int64() -> np.ndarray:
-    """The seeded synthetic corpus: ``NUM_TOKENS`` random ids in ``[0, 50257)``, int64."""
-    rng = np.random.default_rng(SEED)
-    return rng.integers(0, VOCAB_SIZE, size=NUM_TOKENS, dtype=np.int64)
+    """The seeded synthetic corpus of ``tokstream bench``: ``NUM_TOKENS`` ids below 50257, int64."""
+    return synthetic_corpus(NUM_TOKENS, "int64", SEED)
 
 
 @pytest.fixture(scope="session")

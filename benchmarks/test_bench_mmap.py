@@ -12,18 +12,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokstream import open_tokens, stream_token_source, write_tokens
+from tokstream import bench, open_tokens, stream_token_source, write_tokens
 
 CORPUS_TOKENS = 10_000_000
-VOCAB = 50257
-SHAPES = [(8, 4096), (128, 512), (1024, 64), (1024, 512), (2048, 16)]
+SHAPES = list(bench.SHAPES)
 BATCHES = 200
 ROUNDS = 5
 
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
-    ids = np.random.default_rng(0).integers(0, VOCAB, CORPUS_TOKENS, dtype=np.int64)
+    ids = bench.synthetic_corpus(CORPUS_TOKENS, "int64", seed=0)
     path = write_tokens(tmp_path_factory.mktemp("mmap") / "tokens.bin", ids, format="bin")
     mapped = open_tokens(path)
     assert mapped.dtype == np.uint16

@@ -8,14 +8,12 @@ single round is timed; a round then draws the next ``BATCHES`` batches.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
-from tokstream import baselines
+from tokstream import baselines, bench
 
-SHAPES = [(8, 4096), (128, 512), (1024, 64), (1024, 512), (2048, 16)]
+SHAPES = list(bench.SHAPES)
 DTYPES = ["int64", "uint16"]
 ORDERS = [True, False]
 
@@ -38,23 +36,6 @@ def _reference_first_batch(
     return _expected[key]
 
 
-def _as_numpy(value: Any) -> np.ndarray:
-    return value.numpy() if hasattr(value, "numpy") else value
-
-
-def _assert_first_batch(path: str, batch: tuple[Any, ...], expected: tuple[np.ndarray, ...]):
-    windows, next_tokens = expected
-    if path in baselines.LOADERS:
-        got_windows, got_next = (_as_numpy(part) for part in batch)
-        assert got_windows.dtype == np.int64 and got_next.dtype == np.int64
-        np.testing.assert_array_equal(got_windows, windows)
-        np.testing.assert_array_equal(got_next, next_tokens)
-    elif path == "gather_limit":
-        np.testing.assert_array_equal(batch[0], windows[:, 0])
-    else:
-        assert batch[0].shape == windows.shape
-
-
 @pytest.mark.parametrize("path", list(baselines.PATHS))
 @pytest.mark.parametrize("shuffle", ORDERS, ids=["shuffled", "sequential"])
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -73,7 +54,7 @@ def test_throughput(benchmark, settings, corpora, results, shape, dtype, shuffle
     )
     first = next(batches)
     expected = _reference_first_batch(ids, dtype, shuffle, block, batch_size, settings.seed)
-    _assert_first_batch(path, first, expected)
+    baselines.check_identical({"reference": expected, path: first}, block, against="reference")
     del first
 
     windows_per_round = benchmark.pedantic(

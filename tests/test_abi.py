@@ -13,6 +13,7 @@ import hashlib
 import numpy as np
 import pytest
 
+from tests.conftest import KERNEL_DTYPES
 from tokstream import _windows, reference, stream_token_source
 
 TOKENS = (np.arange(5000, dtype=np.uint64) * 2654435761 % 50257).astype(np.uint16)
@@ -49,7 +50,7 @@ def test_shifted_sharded_batches_are_the_same_bytes_under_every_numpy():
 
 
 def test_the_kernel_reads_every_dtype_under_the_installed_numpy():
-    for dtype in ("u1", "u2", "u4", "u8", "i1", "i2", "i4", "i8"):
+    for dtype in KERNEL_DTYPES:
         tokens = np.arange(20).astype(dtype)
         windows = np.empty((2, 3), np.int64)
         next_tokens = np.empty(2, np.int64)

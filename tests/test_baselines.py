@@ -159,3 +159,44 @@ def test_consume_counts_windows_and_stops_early():
     assert baselines.consume(batches, 2) == 8
     assert baselines.consume(batches, 10) == 1
     assert baselines.consume(batches, 10) == 0
+
+
+def _first_batches(block: int = 4, batch_size: int = 8) -> dict:
+    ids = _corpus(100, "uint16")
+    return {
+        path: next(baselines.PATHS[path](ids, block, batch_size, seed=1))
+        for path in baselines.PATHS
+        if path != "nanogpt" or baselines.torch_available()
+    }
+
+
+def test_check_identical_accepts_every_paths_first_batch():
+    first = _first_batches()
+    baselines.check_identical(first, 4)
+    baselines.check_identical(first, 4, against="reference")
+
+
+@pytest.mark.parametrize(
+    ("path", "spoil"),
+    [
+        ("best_numpy", lambda batch: (batch[0] + 1, batch[1])),
+        ("reference", lambda batch: (batch[0], batch[1][::-1].copy())),
+        ("fast", lambda batch: (batch[0].astype(np.int32), batch[1])),
+        ("gather_limit", lambda batch: (batch[0][::-1].copy(),)),
+        ("copy_limit", lambda batch: (batch[0][:-1],)),
+    ],
+)
+def test_check_identical_refuses_a_path_that_does_a_different_job(path, spoil):
+    first = _first_batches()
+    first[path] = spoil(first[path])
+    against = "reference" if path == "fast" else "fast"
+    with pytest.raises(ValueError, match=f"path {path!r} yielded a different first batch"):
+        baselines.check_identical(first, 4, against=against)
+
+
+def test_ratios_name_measured_paths_and_labels_cover_every_path():
+    assert set(baselines.PATH_LABELS) == set(baselines.PATHS)
+    for top, bottom, _label in baselines.RATIOS:
+        assert {top, bottom} <= set(baselines.PATHS)
+    assert baselines.ratio("fast", "reference", 30.0, 10.0, block=8) == 3.0
+    assert baselines.ratio("fast", "gather_limit", 800.0, 50.0, block=8) == 2.0

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokstream import baselines, cli
+from tokstream import _progress, baselines, cli
 
 # A corpus and shapes small enough that a whole bench run takes a fraction of a second.
 TINY = ["--tokens", "3000", "--block", "4,16", "--batch-size", "32,8", "--batches", "2"]
@@ -112,6 +112,27 @@ def test_usage_errors_and_help_go_to_the_streams_main_was_given(capsys):
     assert "--block" in err.getvalue()
     assert cli.main(["inspect", "--help"], stdout=out, stderr=err) == 0
     assert "usage: tokstream inspect" in out.getvalue()
+    assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["convert", "a.npy", "b.xyz"], "cannot tell the output format from 'b.xyz'"),
+        (["bench", "--block", "8,3", "--batch-size", "1,2,3"], "--block has 2 values"),
+        (["bench", "--dtype", "int8"], "--dtype int8 cannot hold the synthetic ids"),
+        (["bench", "--file", "x.npy", "--tokens", "10"], "--tokens sizes the synthetic corpus"),
+        (["bench", "--file", "x.npy", "--dtype", "int64,uint16"], "--file takes at most one"),
+    ],
+)
+def test_usage_errors_of_command_handlers_go_to_the_streams_main_was_given(argv, message, capsys):
+    """Handlers raise; main() prints the command's usage and the error on its stderr: exit 2."""
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.main(argv, stdout=out, stderr=err) == 2
+    usage, error = err.getvalue().splitlines()[0], err.getvalue().splitlines()[-1]
+    assert usage.startswith(f"usage: tokstream {argv[0]} ")
+    assert error.startswith(f"tokstream {argv[0]}: error: ") and message in error
+    assert out.getvalue() == ""
     assert capsys.readouterr() == ("", "")
 
 
@@ -283,29 +304,6 @@ def test_bench_on_a_token_file(tmp_path):
     assert [c["dtype"] for c in report["cases"]] == ["uint16"]
 
 
-def test_table_formats_every_case():
-    case = cli.Case("uint16", False, 8, 64)
-    case.rates = {
-        "reference": [10.0, 12.0, 11.0],
-        "fast": [110.0, 100.0, 90.0],
-        "gather_limit": [20.0, 30.0, 25.0],
-    }
-    table = cli.bench_table([case], ["reference", "fast", "gather_limit"])
-    header, rule, row = table.splitlines()
-    cells = row.split("|")[1:-1]
-    assert [c.strip() for c in cells] == [
-        "uint16", "sequential", "8", "64", "11.0", "100", "25.0", "9.09x", "0.50x"
-    ]
-    assert [c.strip() for c in header.split("|")[1:-1]] == [
-        "dtype", "order", "block", "batch", "reference", "fast", "gather limit (Mwin/s)",
-        "fast/ref", "fast win/gather",
-    ]
-    # Text left-aligned, numbers right-aligned (Markdown's "---:"), every column one width.
-    assert cells[0] == " uint16 " and cells[2].endswith("8 ") and cells[2].startswith("  ")
-    assert rule.split("|")[1:-1][0] == "--------" and rule.split("|")[1:-1][2].endswith(":")
-    assert len(header) == len(rule) == len(row)
-
-
 # ---------------------------------------------------------------------------------------------
 # inspect and convert
 
@@ -411,12 +409,12 @@ def test_cli_dtype_options_follow_the_integer_dtype_rule_of_open_tokens(tmp_path
     assert code == (2 if rejected else 0), err
 
 
-def test_convert_names_the_output_suffixes_and_formats_of_the_files_table(tmp_path, capsys):
+def test_convert_names_the_output_suffixes_and_formats_of_the_files_table(tmp_path):
     from tokstream import files
 
     assert files.SUFFIX_FORMATS == {".npy": "npy", ".bin": "bin"}
-    assert cli.main(["convert", "in.npy", str(tmp_path / "out.tokens")]) == 2
-    assert "name it *.npy or *.bin, or pass --format npy|bin|llmc" in capsys.readouterr().err
+    code, _, err = run("convert", "in.npy", str(tmp_path / "out.tokens"))
+    assert code == 2 and "name it *.npy or *.bin, or pass --format npy|bin|llmc" in err
 
 
 @pytest.mark.parametrize(
@@ -485,11 +483,13 @@ def test_convert_to_llmc_refuses_ids_beyond_uint16(tmp_path):
     assert not (tmp_path / "s.bin").exists()
 
 
-def test_convert_needs_a_format_it_can_tell(tmp_path, token_files, capsys):
+def test_convert_needs_a_format_it_can_tell(tmp_path, token_files):
     _, paths = token_files
-    assert cli.main(["convert", str(paths["npy"]), str(tmp_path / "out.tokens")]) == 2
-    assert "--format" in capsys.readouterr().err
-    assert cli.main(["convert", str(paths["npy"]), str(tmp_path / "o.npy"), "--format", "x"]) == 2
+    code, out, err = run("convert", str(paths["npy"]), str(tmp_path / "out.tokens"))
+    assert code == 2 and out == "" and "--format" in err
+    assert not (tmp_path / "out.tokens").exists()
+    code, _, err = run("convert", str(paths["npy"]), str(tmp_path / "o.npy"), "--format", "x")
+    assert code == 2 and "--format" in err
 
 
 def test_convert_missing_input_exits_1(tmp_path):
@@ -503,8 +503,8 @@ def test_convert_shows_progress_on_large_files(tmp_path, token_files, monkeypatc
     from tokstream import files
 
     _, paths = token_files
-    monkeypatch.setattr(cli, "PROGRESS_MIN_BYTES", 1)
-    monkeypatch.setattr(cli, "PROGRESS_INTERVAL", 0.001)
+    monkeypatch.setattr(_progress, "PROGRESS_MIN_BYTES", 1)
+    monkeypatch.setattr(_progress, "PROGRESS_INTERVAL", 0.001)
     real_write = files.write_tokens
 
     def slow_write(path, ids, format="npy", dtype=None):
@@ -525,21 +525,3 @@ def test_convert_shows_progress_on_large_files(tmp_path, token_files, monkeypatc
     code, _, err = run("convert", str(paths["npy"]), str(tmp_path / "big.bin"))
     assert code == 0, err
     assert "ids.npy -> " in err and "100% (0 of 0 MB" in err
-
-
-def test_watcher_falls_back_to_elapsed_time_without_a_temporary_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "PROGRESS_INTERVAL", 0.001)
-
-    class Recorder(cli.Progress):
-        def __init__(self):
-            super().__init__(None)
-            self.messages = []
-
-        def update(self, message, *, final=False):
-            self.messages.append(message)
-
-    recorder = Recorder()
-    with cli._WriteWatcher(tmp_path / "never.bin", 100, recorder, "label"):
-        time.sleep(0.05)
-    assert recorder.messages
-    assert all(m.startswith("label: ") and m.endswith(" s") for m in recorder.messages)

@@ -13,13 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tokstream
+from tests.conftest import KERNEL_DTYPES, assert_same_batches, sharded_oracle_batches
 from tokstream import Corpus, open_tokens, stream_token_source, write_tokens
 from tokstream import reference as ref
 from tokstream.files import LLMC_MAGIC, detect_format
 
-KERNEL_DTYPES = [
-    np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
-]
 FORMATS = ["npy", "bin", "llmc"]
 
 
@@ -35,14 +33,6 @@ def sample_ids(dtype, n: int = 1000, seed: int = 0) -> np.ndarray:
 
 def batches(stream) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(w.copy(), t.copy()) for w, t in stream]
-
-
-def assert_same_batches(actual, expected) -> None:
-    assert len(actual) == len(expected)
-    for (w, t), (ew, et) in zip(actual, expected, strict=True):
-        assert w.dtype == ew.dtype == np.int64 and t.dtype == et.dtype == np.int64
-        assert w.shape == ew.shape and t.shape == et.shape
-        assert w.tobytes() == ew.tobytes() and t.tobytes() == et.tobytes()
 
 
 def memmap_of(array: np.ndarray) -> np.memmap | None:
@@ -386,52 +376,6 @@ def test_shards_of_different_dtypes_are_rejected_naming_them(tmp_path):
     assert str(small) in str(raised.value) and str(big) in str(raised.value)
 
 
-def oracle_batches(shards, block, batch_size, epochs, shuffle, seed, targets="next"):
-    """The sharded semantics in plain NumPy: concatenated per-shard windows, one RandomState."""
-    windows = [(j, s) for j, shard in enumerate(shards) for s in range(max(len(shard) - block, 0))]
-    rng = np.random.RandomState(seed)
-    out = []
-    if not windows:
-        return out
-    for _ in range(epochs):
-        order = rng.permutation(len(windows)) if shuffle else np.arange(len(windows))
-        for k in range(0, len(windows), batch_size):
-            picked = [windows[i] for i in order[k : k + batch_size]]
-            ctx = np.stack([shards[j][s : s + block] for j, s in picked]).astype(np.int64)
-            if targets == "next":
-                nxt = np.array([shards[j][s + block] for j, s in picked], dtype=np.int64)
-            else:
-                nxt = np.stack([shards[j][s + 1 : s + 1 + block] for j, s in picked])
-            out.append((ctx, nxt.astype(np.int64)))
-    return out
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=5),
-    block=st.integers(1, 9),
-    batch_size=st.integers(1, 12),
-    epochs=st.integers(0, 3),
-    shuffle=st.booleans(),
-    seed=st.integers(0, 2**32 - 1),
-    targets=st.sampled_from(["next", "shifted"]),
-)
-def test_sharded_batches_match_the_oracle_and_never_cross_a_shard(
-    lengths, block, batch_size, epochs, shuffle, seed, targets
-):
-    # Shard j holds j * 1000 + position, so a window that crossed shards would show it.
-    shards = [(np.arange(n) + 1000 * j).astype(np.uint16) for j, n in enumerate(lengths)]
-    stream = stream_token_source(
-        Corpus(shards), block, batch_size, epochs=epochs, shuffle=shuffle, seed=seed,
-        targets=targets,
-    )
-    actual = batches(stream)
-    assert_same_batches(actual, oracle_batches(shards, block, batch_size, epochs, shuffle, seed,
-                                               targets))
-    for windows, _ in actual:
-        assert np.all(windows // 1000 == windows[:, :1] // 1000)
-
-
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_sharded_files_from_a_glob_stream_like_the_oracle(tmp_path, shuffle):
     lengths = [30, 3, 0, 17, 4, 25]  # 3, 0 and 4 tokens hold no window of block 4
@@ -444,7 +388,7 @@ def test_sharded_files_from_a_glob_stream_like_the_oracle(tmp_path, shuffle):
     assert corpus.lengths.tolist() == lengths
     assert corpus.num_windows(4) == 26 + 13 + 21
     actual = batches(stream_token_source(corpus, 4, 7, epochs=2, shuffle=shuffle, seed=5))
-    assert_same_batches(actual, oracle_batches(shards, 4, 7, 2, shuffle, 5))
+    assert_same_batches(actual, sharded_oracle_batches(shards, 4, 7, 2, shuffle, 5))
 
 
 @pytest.mark.parametrize("format", FORMATS)
@@ -527,20 +471,6 @@ def test_read_only_arrays_of_every_dtype_stream_in_place_like_the_reference(
         batches(stream),
         batches(ref.stream_token_source(ids, block, batch_size, epochs=2, shuffle=shuffle,
                                         seed=seed)),
-    )
-
-
-def test_a_non_contiguous_array_is_copied_once_into_a_contiguous_one():
-    ids = np.arange(1000, dtype=np.uint16)
-    strided = ids[::2]
-    corpus = Corpus.from_tokens(strided)
-    shard = corpus.shards[0]
-    assert not np.shares_memory(shard, ids)
-    assert shard.flags.c_contiguous and shard.dtype == np.uint16
-    assert np.array_equal(shard, strided)
-    assert_same_batches(
-        batches(stream_token_source(corpus, 8, 40, seed=1)),
-        batches(ref.stream_token_source(strided, 8, 40, seed=1)),
     )
 
 

@@ -1,71 +1,59 @@
-"""A short run of the fuzz harness (``fuzz/fuzz_stream.py``), and the bugs it found, pinned.
+"""A short run of the fuzz harness (``fuzz/``), and the bugs it found, pinned.
 
-The harness checks every generated call against its own model of the spec: the model's batches,
-or the TypeError/ValueError it predicts, naming the argument. ``fuzz/fuzz_stream.py --seconds N``
-runs the same properties for as long as wanted.
+The harness checks every generated call against its own model (``fuzz/model.py``): the model's
+batches, or the TypeError/ValueError it predicts, naming the argument. ``python -m fuzz.run
+--seconds N`` runs the same properties for as long as wanted.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from fuzz import checks, model, strategies
+from fuzz.run import guarded
 from tokstream import _validate, open_tokens, stream_token_source
 
-
-def _load_harness():
-    path = Path(__file__).resolve().parents[1] / "fuzz" / "fuzz_stream.py"
-    spec = importlib.util.spec_from_file_location("fuzz_stream", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-harness = _load_harness()
 QUICK = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @QUICK
-@given(tokens=harness.token_inputs(), kwargs=harness.call_kwargs())
+@given(tokens=strategies.token_inputs(), kwargs=strategies.call_kwargs())
 def test_any_call_yields_the_models_batches_or_the_predicted_clear_error(tokens, kwargs):
-    harness.guarded(harness.check_call, tokens, kwargs)
+    guarded(checks.check_call, tokens, kwargs)
 
 
 @QUICK
-@given(call=harness.resumable_calls(), edit=harness.state_edits())
+@given(call=strategies.resumable_calls(), edit=strategies.state_edits())
 def test_a_hand_edited_state_is_refused_cleanly_or_resumes_where_it_claims(call, edit):
     tokens, kwargs, steps = call
-    harness.guarded(harness.check_state_edit, tokens, kwargs, steps, edit)
+    guarded(checks.check_state_edit, tokens, kwargs, steps, edit)
 
 
 @QUICK
-@given(token_file=harness.token_files())
+@given(token_file=strategies.token_files())
 def test_any_token_file_opens_to_exactly_its_tokens_or_a_clear_error(tmp_path_factory,
                                                                     token_file):
-    harness.guarded(harness.check_token_file, tmp_path_factory.mktemp("file"), token_file)
+    guarded(checks.check_token_file, tmp_path_factory.mktemp("file"), token_file)
 
 
 @QUICK
-@given(token_file=harness.token_files())
+@given(token_file=strategies.token_files())
 def test_the_command_line_reads_any_token_file_exactly_or_fails_with_one_clear_line(
     tmp_path_factory, token_file
 ):
-    harness.guarded(harness.check_cli_file, tmp_path_factory.mktemp("cli"), token_file)
+    guarded(checks.check_cli_file, tmp_path_factory.mktemp("cli"), token_file)
 
 
 def test_the_model_agrees_with_the_reference_and_the_fast_path_on_a_known_call():
     # The harness' own oracle, checked once against a hand-computed batch.
-    shards, controls = harness.model_call(np.arange(10, 16), {"block": 3, "batch_size": 2,
+    shards, controls = model.model_call(np.arange(10, 16), {"block": 3, "batch_size": 2,
                                                               "shuffle": False})
-    windows, next_tokens = next(harness.model_batches(shards, controls))
+    windows, next_tokens = next(model.model_batches(shards, controls))
     assert windows.tolist() == [[10, 11, 12], [11, 12, 13]] and next_tokens.tolist() == [13, 14]
 
 
@@ -74,7 +62,7 @@ def test_the_implicit_permutation_model_matches_the_kernel_on_every_small_size()
         stream = stream_token_source(np.arange(n + 1), 1, n, shuffle=True, seed=n,
                                      permutation="implicit")
         windows, _ = next(stream)
-        order = harness.implicit_order(n, n, 0)
+        order = model.implicit_order(n, n, 0)
         assert windows[:, 0].tolist() == [order(p) for p in range(n)]
 
 
@@ -216,12 +204,12 @@ def test_the_command_line_keeps_an_explicit_byte_order(tmp_path):
     # read as little-endian, every token silently byte-swapped.
     path = tmp_path / "big.bin"
     path.write_bytes(np.array([1, 2, 300], dtype=">u2").tobytes())
-    code, out, err = harness.run_cli(["inspect", "--json", "--quiet", str(path), "--dtype", ">u2"])
+    code, out, err = checks.run_cli(["inspect", "--json", "--quiet", str(path), "--dtype", ">u2"])
     assert code == 0, err
     (summary,) = json.loads(out)
     assert (summary["min_id"], summary["max_id"]) == (1, 300)
     converted = tmp_path / "out.npy"
-    code, _, err = harness.run_cli(
+    code, _, err = checks.run_cli(
         ["convert", "--quiet", str(path), str(converted), "--in-dtype", ">u2"]
     )
     assert code == 0, err

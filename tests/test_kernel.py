@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.conftest import KERNEL_DTYPES
 from tokstream import _windows
 
 
@@ -33,7 +34,7 @@ def test_missing_extension_is_a_clear_import_error_not_a_slow_path():
     assert "IMPORTERROR" in out.stdout and "compiled kernel" in out.stdout
 
 
-@pytest.mark.parametrize("dtype", ["u1", "u2", "u4", "u8", "i1", "i2", "i4", "i8"])
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
 def test_kernel_gathers_windows_next_tokens_and_shifted_targets(dtype):
     tokens = (np.arange(40) % 100).astype(dtype)
     starts = np.array([5, 0, 30, 7], dtype=np.int64)

@@ -7,22 +7,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import KERNEL_DTYPES, assert_same_batches
 from tokstream import reference, stream_token_source
 
-INTEGER_DTYPES = ["u1", "u2", "u4", "u8", "i1", "i2", "i4", "i8"]
 # Largest integer each float dtype holds exactly, so a random exact float corpus stays exact.
 FLOAT_EXACT = {"f2": 2**11, "f4": 2**24, "f8": 2**53}
-
-
-def assert_same_batches(fast, ref):
-    fast, ref = list(fast), list(ref)
-    assert len(fast) == len(ref)
-    for (windows, next_tokens), (ref_windows, ref_next) in zip(fast, ref, strict=True):
-        assert windows.dtype == np.int64 and next_tokens.dtype == np.int64
-        assert windows.shape == ref_windows.shape and next_tokens.shape == ref_next.shape
-        assert windows.tobytes() == ref_windows.tobytes()
-        assert next_tokens.tobytes() == ref_next.tobytes()
-    return fast
 
 
 @st.composite
@@ -32,7 +21,7 @@ def corpora(draw):
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     if kind == "int":
-        dtype = np.dtype(draw(st.sampled_from(INTEGER_DTYPES)))
+        dtype = np.dtype(draw(st.sampled_from(KERNEL_DTYPES)))
         info = np.iinfo(dtype)
         low, high = int(info.min), min(int(info.max), 2**63 - 1)
         return rng.integers(low, high, length, dtype=dtype, endpoint=True)
@@ -63,7 +52,7 @@ def test_fast_path_matches_reference_on_random_corpora(
     assert_same_batches(fast, ref)
 
 
-@pytest.mark.parametrize("dtype", INTEGER_DTYPES)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_shuffled_and_sequential_epochs_match_reference_for_every_dtype(dtype, shuffle):
     info = np.iinfo(dtype)

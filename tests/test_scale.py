@@ -9,14 +9,12 @@ order with the harness' pure-Python model of the implicit permutation, never the
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from fuzz.model import implicit_order
 from tokstream import Corpus, open_tokens, stream_token_source
 
 TOKENS = 3 * 2**31 + 12_345  # about 6.4e9 uint8 tokens: a third of the windows start past 2**32
@@ -41,16 +39,6 @@ def expected_batch(starts):
     starts = np.asarray(starts, dtype=np.int64)
     windows = np.stack([token_at(np.arange(s, s + BLOCK)) for s in starts]).astype(np.int64)
     return windows, token_at(starts + BLOCK).astype(np.int64)
-
-
-def implicit_model():
-    path = Path(__file__).resolve().parents[1] / "fuzz" / "fuzz_stream.py"
-    if "fuzz_stream" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("fuzz_stream", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["fuzz_stream"].implicit_order
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +104,7 @@ def test_a_state_taken_past_two_pow_32_resumes_exactly(sparse_file):
 def test_shuffled_windows_past_two_pow_32_match_the_permutation_model(tmp_path):
     seed, epoch, steps = 12345, 1, 4
     windows = TOKENS - BLOCK
-    order = implicit_model()(windows, seed, epoch)
+    order = implicit_order(windows, seed, epoch)
     first = (windows // BATCH - steps) * BATCH  # the epoch's last full batches
     starts = [[order(p) for p in range(first + k * BATCH, first + (k + 1) * BATCH)]
               for k in range(steps)]

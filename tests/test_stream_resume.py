@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import assert_same_batches
 from tokstream import Corpus, stream_token_source
 
 STATE_BYTES_LIMIT = 16 * 1024
@@ -37,13 +38,6 @@ def build(**overrides: Any):
 
 def take(stream, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return [next(stream) for _ in range(steps)]
-
-
-def assert_same_batches(actual, expected) -> None:
-    assert len(actual) == len(expected)
-    for (windows, targets), (want_windows, want_targets) in zip(actual, expected, strict=True):
-        np.testing.assert_array_equal(windows, want_windows)
-        np.testing.assert_array_equal(targets, want_targets)
 
 
 def through_json(state: dict) -> dict:

@@ -12,9 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import KERNEL_DTYPES
 from tokstream import Corpus, reference, stream_token_source
-
-KERNEL_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 
 
 def random_tokens(dtype: str, size: int, seed: int) -> np.ndarray:

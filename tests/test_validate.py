@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokstream import Corpus, _validate, reference, stream_token_source
+from tokstream import _validate, reference, stream_token_source
 
 GOOD = np.arange(64, dtype=np.int64)
 BOTH_PATHS = [
@@ -172,28 +172,6 @@ def test_spec_order_of_checks_is_kept():
             path(GOOD, 1, 1, epochs=-1, shuffle="x", seed=-1)
         with pytest.raises(TypeError, match="shuffle"):
             path(GOOD, 1, 1, epochs=1, shuffle="x", seed=-1)
-
-
-def test_contiguous_native_int64_corpus_is_not_copied():
-    ids = np.arange(100, dtype=np.int64)
-    assert Corpus.from_tokens(ids).shards[0] is ids
-    stream = stream_token_source(ids, 4, 8)
-    assert stream.corpus.shards[0] is ids
-
-
-@pytest.mark.parametrize("dtype", ["u1", "u2", "u4", "u8", "i1", "i2", "i4", "i8"])
-def test_integer_corpus_is_read_in_its_own_dtype(dtype):
-    ids = np.arange(50).astype(dtype)
-    assert Corpus.from_tokens(ids).shards[0] is ids
-
-
-def test_byte_swapped_and_strided_inputs_are_copied_once_to_native_contiguous():
-    swapped = np.arange(20, dtype=">i4")
-    strided = np.arange(40, dtype=np.int64)[::2]
-    for ids in (swapped, strided):
-        shard = Corpus.from_tokens(ids).shards[0]
-        assert shard.flags.c_contiguous and shard.dtype.isnative
-        assert shard.tolist() == ids.tolist()
 
 
 def test_float_corpus_is_converted_in_bounded_chunks(monkeypatch):

@@ -19,6 +19,10 @@ window (its ``len()`` is the batch's window count):
     the batch's window starts, i.e. the first token of every window. At small blocks a window
     is one or two random cache lines, so windows/s cannot beat this rate by much.
 
+:data:`PATH_LABELS` names the paths in tables and plots; :data:`RATIOS` and :func:`ratio` are the
+figures every report derives from them; :func:`check_identical` is the first-batch check that must
+pass before any path is timed.
+
 Like the stream, every path draws its epoch order (``RandomState(seed).permutation(n)``, or the
 random offsets of ``copy_limit``) when its first batch is requested, not when it is called: a
 benchmark that takes the first batch untimed excludes the one-off permutation from its figure.
@@ -44,7 +48,10 @@ __all__ = [
     "LIMITS",
     "LOADERS",
     "PATHS",
+    "PATH_LABELS",
+    "RATIOS",
     "best_numpy",
+    "check_identical",
     "consume",
     "copy_limit",
     "epochs_for",
@@ -52,6 +59,7 @@ __all__ = [
     "fast_reuse",
     "gather_limit",
     "nanogpt",
+    "ratio",
     "reference",
     "torch_available",
 ]
@@ -313,3 +321,70 @@ LOADERS: dict[str, Path] = {
 LIMITS: dict[str, Path] = {"copy_limit": copy_limit, "gather_limit": gather_limit}
 
 PATHS: dict[str, Path] = {**LOADERS, **LIMITS}
+
+#: The names tables and plots show for the paths, in table order.
+PATH_LABELS = {
+    "reference": "reference",
+    "best_numpy": "best NumPy",
+    "nanogpt": "nanoGPT",
+    "fast": "fast",
+    "fast_reuse": "fast (reuse)",
+    "copy_limit": "copy limit",
+    "gather_limit": "gather limit",
+}
+#: Ratios reported for each shape: (numerator, denominator, table label). The gather limit
+#: counts windows, so the ratio to it compares windows per second.
+RATIOS = (
+    ("fast", "reference", "fast/ref"),
+    ("fast", "best_numpy", "fast/NumPy"),
+    ("fast", "nanogpt", "fast/nanoGPT"),
+    ("fast", "copy_limit", "fast/copy"),
+    ("fast_reuse", "copy_limit", "reuse/copy"),
+    ("fast", "gather_limit", "fast win/gather"),
+)
+
+
+def ratio(top: str, bottom: str, top_rate: float, bottom_rate: float, block: int) -> float:
+    """``top_rate / bottom_rate`` in the same unit: tokens/s, or windows/s for the gather limit.
+
+    >>> ratio("fast", "gather_limit", 800.0, 50.0, block=8)
+    2.0
+    """
+    if bottom == "gather_limit":
+        top_rate /= block
+    return top_rate / bottom_rate
+
+
+def _as_numpy(value: Any) -> np.ndarray:
+    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+
+
+def check_identical(
+    first: dict[str, tuple[Any, ...]], block: int, against: str = "fast"
+) -> None:
+    """Raise ValueError unless every path's first batch agrees with the ``against`` path's.
+
+    ``first`` maps path names to their first batch and must hold ``against``, a loader. Loaders
+    must yield its windows and next tokens (int64, same order); the gather limit must hold each
+    window's first token; the copy limit must have the windows' shape. A path that fails is not
+    doing the same job, so timing it would compare unlike with unlike.
+    """
+    windows, next_tokens = (_as_numpy(part) for part in first[against])
+    for path, batch in first.items():
+        if path in LOADERS:
+            got_windows, got_next = (_as_numpy(part) for part in batch)
+            same = (
+                got_windows.dtype == np.int64
+                and got_next.dtype == np.int64
+                and np.array_equal(got_windows, windows)
+                and np.array_equal(got_next, next_tokens)
+            )
+        elif path == "gather_limit":
+            same = np.array_equal(batch[0], windows[:, 0])
+        else:
+            same = batch[0].shape == windows.shape
+        if not same:
+            raise ValueError(
+                f"path {path!r} yielded a different first batch from the {against} path at "
+                f"block={block}; refusing to time it"
+            )

@@ -1,0 +1,301 @@
+"""The fuzz harness' checks: run one generated call, state edit or token file against the model.
+
+Every check ends in exactly one of two ways: the batches (or file contents) the model predicts,
+and with the reference's own arguments on a plain array the batches of
+``tokstream.reference.stream_token_source`` byte for byte; or the TypeError/ValueError the model
+predicts, whose message names the offending argument. Anything else is an AssertionError. Each
+check returns a short name of its outcome, for the runner's tally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import itertools
+import json
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+from fuzz.model import (
+    DEFAULTS,
+    EXTRA_ARGS,
+    SPEC_ARGS,
+    Rejected,
+    ShardList,
+    TokenFile,
+    cursor_of,
+    file_verdict,
+    model_batches,
+    model_call,
+    model_length,
+)
+from tokstream import Corpus, open_tokens, reference, stream_token_source
+
+# Batches compared per call: epochs may be 2**70.
+MAX_BATCHES = 30
+
+
+def build_stream(tokens: Any, kwargs: dict[str, Any]):
+    source = Corpus(tokens.shards) if isinstance(tokens, ShardList) else tokens
+    return stream_token_source(source, **kwargs)
+
+
+def assert_batches_equal(got, expected, what: str) -> int:
+    """Compare batch by batch, as they arrive: with ``reuse_buffers`` a batch held on to is
+    overwritten later, so nothing is kept."""
+    missing = object()
+    count = 0
+    for i, (batch, want_batch) in enumerate(
+        itertools.zip_longest(got, expected, fillvalue=missing)
+    ):
+        assert batch is not missing, f"{what}: {i} batches, expected more"
+        assert want_batch is not missing, f"{what}: more than the {i} batches expected"
+        for array, want in zip(batch, want_batch, strict=True):
+            assert array.dtype == np.int64 and array.flags.c_contiguous, f"{what} batch {i}"
+            assert array.shape == want.shape, f"{what} batch {i}: {array.shape} != {want.shape}"
+            assert np.array_equal(array, want), f"{what} batch {i} differs"
+        count += 1
+    return count
+
+
+def assert_no_prefetch_thread() -> None:
+    """close() stops a prefetching stream's thread and waits for it."""
+    alive = [t for t in threading.enumerate() if t.name.startswith("tokstream")]
+    assert not alive, f"threads left running: {alive}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Calls
+
+
+def check_call(tokens: Any, kwargs: dict[str, Any]) -> str:
+    """Run one call against the model (and the reference); return the outcome's kind."""
+    try:
+        shards, controls = model_call(tokens, kwargs)
+    except Rejected as verdict:
+        expected = verdict
+    else:
+        expected = None
+
+    try:
+        stream = build_stream(tokens, kwargs)
+    except (TypeError, ValueError) as exc:
+        assert expected is not None, f"valid call raised {exc!r}"
+        assert type(exc) is expected.error, f"{exc!r}: expected {expected.error.__name__}"
+        assert expected.name in str(exc), f"{exc!r} does not name {expected.name}"
+        outcome = f"{type(exc).__name__}:{expected.name.split('[')[0]}"
+    else:
+        assert expected is None, f"expected {expected.error.__name__} for {expected.name}"
+        check_stream(stream, shards, controls)
+        outcome = "batches"
+
+    if not isinstance(tokens, ShardList):
+        check_reference(tokens, kwargs, expected)
+    return outcome
+
+
+def check_stream(stream, shards, controls) -> None:
+    try:
+        count = model_length(shards, controls)
+        if count <= sys.maxsize:
+            assert len(stream) == count, f"len {len(stream)} != {count}"
+        head = itertools.islice(stream, MAX_BATCHES)
+        assert_batches_equal(
+            head, itertools.islice(model_batches(shards, controls), MAX_BATCHES), "stream"
+        )
+    finally:
+        stream.close()
+    assert_no_prefetch_thread()
+
+
+def uses_spec_options_only(kwargs: dict[str, Any]) -> bool:
+    """No tokstream option (targets, sharding, ...) differs from its default."""
+    return all(
+        type(kwargs[name]) is type(DEFAULTS[name]) and kwargs[name] == DEFAULTS[name]
+        for name in EXTRA_ARGS
+        if name in kwargs
+    )
+
+
+def check_reference(tokens: Any, kwargs: dict[str, Any], expected: Rejected | None) -> None:
+    """The reference path raises what the fast path raises on the spec's own arguments."""
+    spec_kwargs = {k: v for k, v in kwargs.items() if k in SPEC_ARGS}
+    extras_only = expected is not None and expected.name in EXTRA_ARGS
+    try:
+        ref = reference.stream_token_source(tokens, **spec_kwargs)
+    except (TypeError, ValueError) as exc:
+        assert expected is not None and not extras_only, f"reference raised {exc!r}"
+        assert type(exc) is expected.error and expected.name in str(exc), repr(exc)
+        return
+    assert expected is None or extras_only, "reference accepted an invalid call"
+    if expected is not None or not uses_spec_options_only(kwargs):
+        return
+    fast = build_stream(tokens, kwargs)
+    assert_batches_equal(
+        itertools.islice(fast, MAX_BATCHES), itertools.islice(ref, MAX_BATCHES), "reference"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Resumable state, edited by hand
+
+
+def check_state_edit(tokens, kwargs, steps: int, edit) -> str:
+    """Take a state after ``steps`` batches, edit it, load it into a fresh stream.
+
+    The load either raises TypeError/ValueError and leaves the stream where it was, or the
+    stream then yields exactly the model's batches from the cursor it reports.
+    """
+    shards, controls = model_call(tokens, kwargs)
+    source = build_stream(tokens, kwargs)
+    target = build_stream(tokens, kwargs)
+    try:
+        outcome = _load_edited_state(source, target, shards, controls, steps, edit)
+    finally:
+        source.close()
+        target.close()
+    assert_no_prefetch_thread()
+    return outcome
+
+
+def _load_edited_state(source, target, shards, controls, steps, edit) -> str:
+    for _ in itertools.islice(source, steps):
+        pass
+    state = json.loads(json.dumps(source.state_dict()))
+    edited, must_reject = edit(copy.deepcopy(state))
+    try:
+        target.load_state_dict(edited)
+    except (TypeError, ValueError) as exc:
+        assert "state" in str(exc), f"{exc!r} does not name the state"
+        assert_batches_equal(
+            itertools.islice(target, 3),
+            itertools.islice(model_batches(shards, controls), 3),
+            "stream after a refused state",
+        )
+        return "refused"
+    assert not must_reject, f"accepted a state whose config or version was edited: {edited!r}"
+    loaded = target.state_dict()
+    assert loaded["config"] == state["config"]
+    global_batch = controls["world_size"] * controls["batch_size"]
+    assert loaded["position"] % global_batch == 0
+    if edited == state:
+        # An unedited state resumes right after the batches the source consumed.
+        expected = itertools.islice(model_batches(shards, controls), steps, steps + MAX_BATCHES)
+    else:
+        expected = itertools.islice(model_batches(shards, controls, cursor_of(loaded)), MAX_BATCHES)
+    assert_batches_equal(
+        itertools.islice(target, MAX_BATCHES), expected, "stream after an accepted state"
+    )
+    return "accepted"
+
+
+# ---------------------------------------------------------------------------------------------
+# Token files and the command line that reads them
+
+
+def check_token_file(directory, token_file: TokenFile) -> str:
+    """open_tokens gives exactly the file's tokens, or a ValueError/TypeError naming the file;
+    a stream over what it gives yields the model's batches, read in bounds (debug build)."""
+    path = directory / token_file.name
+    path.write_bytes(token_file.data)
+    try:
+        expected = file_verdict(path, token_file.data, token_file.kwargs)
+        try:
+            corpus = open_tokens(path, **token_file.kwargs)
+        except (TypeError, ValueError) as exc:
+            assert isinstance(expected, type), f"a valid file raised {exc!r}"
+            assert type(exc) is expected, f"{exc!r}: expected {expected.__name__}"
+            names_argument = any(k in str(exc) for k in ("dtype", "format"))
+            assert str(path) in str(exc) or names_argument, f"{exc!r} does not name the file"
+            return f"file {type(exc).__name__}"
+        assert not isinstance(expected, type), f"expected {expected.__name__}, got {corpus}"
+        (shard,) = corpus.shards
+        assert shard.dtype == expected.dtype.newbyteorder("=")
+        assert np.array_equal(shard, expected), "the corpus differs from the file's tokens"
+        assert not shard.flags.writeable
+        controls = {
+            **DEFAULTS,
+            "block": 3,
+            "batch_size": 5,
+            "epochs": 1,
+            "shuffle": True,
+            "seed": 1,
+        }
+        stream = stream_token_source(corpus, 3, 5, seed=1)
+        try:
+            assert_batches_equal(
+                itertools.islice(stream, MAX_BATCHES),
+                itertools.islice(model_batches([expected.astype(np.int64)], controls), MAX_BATCHES),
+                "stream over a token file",
+            )
+        finally:
+            stream.close()
+            del stream, corpus, shard
+        return "file accepted"
+    finally:
+        path.unlink()
+
+
+def cli_flags(kwargs: dict[str, Any], prefix: str = "") -> list[str] | None:
+    """The ``open_tokens`` arguments as command-line flags, or None if they have no spelling."""
+    flags = []
+    for name in ("format", "dtype"):
+        value = kwargs.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            return None
+        flags += [f"--{prefix}{name}", value]
+    return flags
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    from tokstream import cli
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    # argparse writes its usage errors to sys.stderr itself, not to main()'s stderr.
+    with contextlib.redirect_stderr(stderr):
+        code = cli.main(argv, stdout=stdout, stderr=stderr)
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def check_cli_file(directory, token_file: TokenFile) -> str:
+    """``tokstream inspect`` and ``convert`` on any file: the file's true contents and exit
+    code 0, or exit code 1 (2 for a flag argparse refuses) with one line of error naming the
+    file on stderr: never a traceback, never a half-written output."""
+    inspect_flags = cli_flags(token_file.kwargs)
+    if inspect_flags is None:
+        return "cli skipped"
+    path = directory / token_file.name
+    output = directory / "converted.npy"
+    path.write_bytes(token_file.data)
+    try:
+        expected = file_verdict(path, token_file.data, token_file.kwargs)
+        code, out, err = run_cli(["inspect", "--json", "--quiet", str(path), *inspect_flags])
+        assert "Traceback" not in err, err
+        if isinstance(expected, type):
+            assert code in (1, 2), f"inspect exited {code} on a bad file: {out!r} {err!r}"
+            if code == 1:
+                assert err.count("\n") == 1 and str(path) in err, err
+            return f"cli exit {code}"
+        assert code == 0, f"inspect exited {code} on a valid file: {err!r}"
+        (summary,) = json.loads(out)
+        assert summary["tokens"] == expected.shape[0]
+        if expected.size:
+            assert summary["min_id"] == int(expected.min())
+            assert summary["max_id"] == int(expected.max())
+        code, out, err = run_cli(
+            ["convert", "--quiet", str(path), str(output), *cli_flags(token_file.kwargs, "in-")]
+        )
+        assert code == 0, f"convert exited {code} on a valid file: {err!r}"
+        (shard,) = open_tokens(output).shards
+        assert np.array_equal(shard, expected), "convert changed the tokens"
+        del shard
+        return "cli exit 0"
+    finally:
+        path.unlink()
+        output.unlink(missing_ok=True)

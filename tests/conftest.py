@@ -1,0 +1,56 @@
+"""Helpers shared by the test modules: ``from tests.conftest import KERNEL_DTYPES, ...``.
+
+Kept to NumPy alone, so that the NumPy 1.26 CI run (parity and ABI suites only) loads it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+# Every token dtype the compiled kernel reads in place, without a conversion.
+KERNEL_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+
+
+def assert_same_batches(actual: Iterable, expected: Iterable) -> list:
+    """The same number of batches, each array int64 with the same shape and the same bytes.
+
+    Takes lists or streams (a stream is consumed); returns ``actual`` as a list.
+    """
+    actual, expected = list(actual), list(expected)
+    assert len(actual) == len(expected), f"{len(actual)} batches, expected {len(expected)}"
+    for i, (batch, want_batch) in enumerate(zip(actual, expected, strict=True)):
+        for array, want in zip(batch, want_batch, strict=True):
+            assert array.dtype == want.dtype == np.int64, f"batch {i}: {array.dtype}"
+            assert array.shape == want.shape, f"batch {i}: {array.shape} != {want.shape}"
+            assert array.tobytes() == want.tobytes(), f"batch {i} differs"
+    return actual
+
+
+def sharded_oracle_batches(
+    shards: list[np.ndarray],
+    block: int,
+    batch_size: int,
+    epochs: int,
+    shuffle: bool,
+    seed: int,
+    targets: str = "next",
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The sharded semantics in plain NumPy: concatenated per-shard windows, one RandomState."""
+    windows = [(j, s) for j, shard in enumerate(shards) for s in range(max(len(shard) - block, 0))]
+    rng = np.random.RandomState(seed)
+    out: list[tuple[np.ndarray, np.ndarray]] = []
+    if not windows:
+        return out
+    for _ in range(epochs):
+        order = rng.permutation(len(windows)) if shuffle else np.arange(len(windows))
+        for k in range(0, len(windows), batch_size):
+            picked = [windows[i] for i in order[k : k + batch_size]]
+            ctx = np.stack([shards[j][s : s + block] for j, s in picked]).astype(np.int64)
+            if targets == "next":
+                nxt = np.array([shards[j][s + block] for j, s in picked], dtype=np.int64)
+            else:
+                nxt = np.stack([shards[j][s + 1 : s + 1 + block] for j, s in picked])
+            out.append((ctx, nxt.astype(np.int64)))
+    return out

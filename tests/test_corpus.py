@@ -1,0 +1,124 @@
+"""The corpus: shards kept in place in their own dtype, and the window index space over them.
+
+The contract: integer shards are referenced, not copied, unless they are byte-swapped or strided
+(then copied once, to native contiguous memory); every shard has one dtype; a shard of length
+``L`` holds ``max(L - block, 0)`` windows and no window crosses into the next shard.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import KERNEL_DTYPES, assert_same_batches, sharded_oracle_batches
+from tokstream import Corpus, reference, stream_token_source
+
+# ---------------------------------------------------------------------------------------------
+# Shards in place
+
+
+def test_contiguous_native_int64_corpus_is_not_copied():
+    ids = np.arange(100, dtype=np.int64)
+    assert Corpus.from_tokens(ids).shards[0] is ids
+    stream = stream_token_source(ids, 4, 8)
+    assert stream.corpus.shards[0] is ids
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+def test_integer_corpus_is_read_in_its_own_dtype(dtype):
+    ids = np.arange(50).astype(dtype)
+    assert Corpus.from_tokens(ids).shards[0] is ids
+
+
+def test_byte_swapped_and_strided_inputs_are_copied_once_to_native_contiguous():
+    swapped = np.arange(20, dtype=">i4")
+    strided = np.arange(40, dtype=np.int64)[::2]
+    for ids in (swapped, strided):
+        shard = Corpus.from_tokens(ids).shards[0]
+        assert shard.flags.c_contiguous and shard.dtype.isnative
+        assert shard.tolist() == ids.tolist()
+
+
+def test_a_non_contiguous_array_is_copied_once_into_a_contiguous_one():
+    ids = np.arange(1000, dtype=np.uint16)
+    strided = ids[::2]
+    corpus = Corpus.from_tokens(strided)
+    shard = corpus.shards[0]
+    assert not np.shares_memory(shard, ids)
+    assert shard.flags.c_contiguous and shard.dtype == np.uint16
+    assert np.array_equal(shard, strided)
+    assert_same_batches(
+        stream_token_source(corpus, 8, 40, seed=1),
+        reference.stream_token_source(strided, 8, 40, seed=1),
+    )
+
+
+def test_a_corpus_is_passed_through_from_tokens_unchanged():
+    corpus = Corpus([np.arange(10), np.arange(5)])
+    assert Corpus.from_tokens(corpus) is corpus
+
+
+@pytest.mark.parametrize(
+    ("shards", "error", "message"),
+    [
+        pytest.param(np.arange(10), TypeError, "shards must be a sequence", id="bare_array"),
+        pytest.param("tokens", TypeError, "shards must be a sequence", id="string"),
+        pytest.param(7, TypeError, "shards must be a sequence", id="integer"),
+        pytest.param([], ValueError, "at least one shard", id="no_shards"),
+        pytest.param([np.arange(3), np.ones((2, 2))], ValueError, r"shards\[1\]", id="2d_shard"),
+        pytest.param(
+            [np.arange(3, dtype=np.uint16), np.arange(3, dtype=np.uint32)],
+            ValueError,
+            r"mix token dtypes.*shards\[1\] is uint32",
+            id="mixed_dtypes",
+        ),
+    ],
+)
+def test_bad_shards_are_rejected_naming_them(shards, error, message):
+    with pytest.raises(error, match=message):
+        Corpus(shards)
+
+
+# ---------------------------------------------------------------------------------------------
+# The window index space
+
+
+def test_windows_per_shard_and_their_offsets():
+    corpus = Corpus([np.arange(10), np.arange(3), np.arange(7)])
+    assert corpus.lengths.tolist() == [10, 3, 7] and corpus.num_tokens == len(corpus) == 20
+    assert corpus.window_offsets(4).tolist() == [0, 6, 6, 9]
+    assert corpus.num_windows(4) == 9
+    assert corpus.num_windows(2**70) == 0  # a block longer than every shard leaves none
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=5),
+    block=st.integers(1, 9),
+    batch_size=st.integers(1, 12),
+    epochs=st.integers(0, 3),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+    targets=st.sampled_from(["next", "shifted"]),
+)
+def test_sharded_batches_match_the_oracle_and_never_cross_a_shard(
+    lengths, block, batch_size, epochs, shuffle, seed, targets
+):
+    # Shard j holds j * 1000 + position, so a window that crossed shards would show it.
+    shards = [(np.arange(n) + 1000 * j).astype(np.uint16) for j, n in enumerate(lengths)]
+    stream = stream_token_source(
+        Corpus(shards),
+        block,
+        batch_size,
+        epochs=epochs,
+        shuffle=shuffle,
+        seed=seed,
+        targets=targets,
+    )
+    actual = assert_same_batches(
+        stream, sharded_oracle_batches(shards, block, batch_size, epochs, shuffle, seed, targets)
+    )
+    for windows, _ in actual:
+        assert np.all(windows // 1000 == windows[:, :1] // 1000)
