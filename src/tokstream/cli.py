@@ -233,30 +233,25 @@ def cmd_convert(
     args: argparse.Namespace, stdout: TextIO, stderr: TextIO
 ) -> int:
     out_format = _output_format(args)
-    corpus = files.open_tokens(args.input, dtype=args.in_dtype, format=args.in_format)
-    if len(corpus.shards) != 1:
-        raise CommandError(
-            f"{args.input!r} names {len(corpus.shards)} files; convert takes one input file"
-        )
-    (tokens,) = corpus.shards
-    if args.dtype is not None:
-        dtype: str | None = args.dtype
-    elif out_format == "llmc":
-        dtype = None  # llm.c stores uint16; write_tokens checks that the ids fit
-    else:
-        dtype = str(corpus.dtype)
-    itemsize = 2 if dtype is None else np.dtype(dtype).itemsize
-    expected = files.FORMAT_TABLE[out_format].header_bytes + tokens.shape[0] * itemsize
+    inputs = files.expand_pattern(args.input)
+    if len(inputs) != 1:
+        raise CommandError(f"{args.input!r} names {len(inputs)} files; convert takes one input")
+    corpus = files.open_tokens(
+        args.input, dtype=args.in_dtype, format=args.in_format, column=args.column
+    )
+    dtype = args.dtype if args.dtype is not None else _convert_dtype(corpus.dtype, out_format)
+    itemsize = corpus.dtype.itemsize if dtype is None else np.dtype(dtype).itemsize
+    expected = files.FORMAT_TABLE[out_format].header_bytes + corpus.num_tokens * itemsize
     progress = _progress.Progress(None if args.quiet else stderr)
     label = f"{args.input} -> {args.output}"
     target = Path(args.output)
     if expected >= _progress.PROGRESS_MIN_BYTES:
         with _progress.WriteWatcher(target, expected, progress, label):
-            files.write_tokens(target, tokens, format=out_format, dtype=dtype)
+            written_path = files.write_tokens(target, corpus, format=out_format, dtype=dtype)
     else:
-        files.write_tokens(target, tokens, format=out_format, dtype=dtype)
+        written_path = files.write_tokens(target, corpus, format=out_format, dtype=dtype)
     progress.done()
-    written = files.open_tokens(target, dtype=dtype if out_format == "bin" else None)
+    written = files.open_tokens(written_path, dtype=dtype if out_format == "bin" else None)
     in_format = files.detect_format(args.input) if args.in_format is None else args.in_format
     print(
         f"wrote {args.output}: {out_format}, {written.dtype}, {written.num_tokens:,} tokens "
@@ -264,6 +259,13 @@ def cmd_convert(
         file=stdout,
     )
     return 0
+
+
+def _convert_dtype(dtype: np.dtype, out_format: str) -> str | None:
+    """The input's dtype when the output format can store it, else None (write_tokens picks)."""
+    if out_format == "llmc" or (out_format == "megatron" and dtype.name in ("uint32", "uint64")):
+        return None
+    return dtype.name
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,11 +41,15 @@ _FLOAT_CODES = {6: "float64", 7: "float32"}
 MAX_SEQUENCE = int(np.iinfo(np.int32).max)
 
 
+def prefix(path: os.PathLike | str) -> Path:
+    """The dataset prefix of a prefix, a ``.bin`` or an ``.idx`` path."""
+    text = os.fspath(path)
+    return Path(text[:-4] if text.endswith((".bin", ".idx")) else text)
+
+
 def paths(path: os.PathLike | str) -> tuple[Path, Path]:
     """``(PREFIX.idx, PREFIX.bin)`` for a prefix, a ``.bin`` or an ``.idx`` path."""
-    text = os.fspath(path)
-    if text.endswith((".bin", ".idx")):
-        text = text[:-4]
+    text = os.fspath(prefix(path))
     return Path(text + ".idx"), Path(text + ".bin")
 
 
