@@ -481,7 +481,7 @@ def test_convert_to_llmc_refuses_ids_beyond_uint32(tmp_path):
                               dtype="int64")
     code, out, err = run("convert", str(wide), str(tmp_path / "s.bin"), "--format", "llmc")
     assert code == 1 and out == ""
-    assert err.startswith("tokstream convert: error: ") and "uint16 or uint32" in err
+    assert err.startswith("tokstream convert: error: ") and "neither uint16 nor uint32" in err
     assert not (tmp_path / "s.bin").exists()
 
 

@@ -195,7 +195,8 @@ def _corpus(shards: list[Shard], want: np.dtype | None, name: str) -> Corpus:
         # the same.
         tokens.flags.writeable = False
         arrays.append(tokens)
-    return Corpus.from_validated(arrays, [shard.name for shard in shards], name=name)
+    names = [shard.name for shard in shards]
+    return Corpus._from_arrays(arrays, names, name, [shard.document_offsets for shard in shards])
 
 
 def expand_pattern(spec: PathLike) -> list[Path]:
@@ -262,6 +263,11 @@ def _open_one(path: Path, want: np.dtype | None, format: str | None, column: str
                 f"bytes say {found!r}"
             )
     if format == "megatron":
+        if path.is_file() and megatron.is_index(path) and path.suffix != ".idx":
+            raise ValueError(
+                f"token file {path} holds a Megatron index, whose name must be PREFIX.idx "
+                "(beside PREFIX.bin)"
+            )
         return [megatron.read(path)]
     if format == "arrow":
         if path.is_dir():
@@ -346,20 +352,16 @@ def write_tokens(path: PathLike, ids: Any, format: str = "npy", dtype: Any = Non
 
 
 def _tokens_and_documents(ids: Any) -> tuple[list[np.ndarray], np.ndarray | None]:
-    """The arrays to write one after the other, and the documents over all of them (or None)."""
+    """The arrays to write one after the other, and the documents over all of them (or None).
+
+    A corpus of several shards keeps its shard boundaries as document boundaries.
+    """
     if not isinstance(ids, Corpus):
         return [_validate.token_array(ids, "ids")], None
     arrays = list(ids.shards)
-    per_shard = getattr(ids, "document_offsets", None) or [None] * len(arrays)
-    if all(o is None for o in per_shard):
-        return arrays, None
-    pieces = [np.zeros(1, dtype=np.int64)]
-    start = 0
-    for array, offsets in zip(arrays, per_shard, strict=True):
-        inner = np.array([0, array.shape[0]]) if offsets is None else offsets
-        pieces.append(np.asarray(inner[1:], dtype=np.int64) + start)
-        start += array.shape[0]
-    return arrays, np.concatenate(pieces)
+    if ids.has_documents or len(arrays) > 1:
+        return arrays, np.asarray(ids.document_boundaries, dtype=np.int64)
+    return arrays, None
 
 
 def stored_dtype(low: int, high: int, format: str, dtype: Any) -> np.dtype:

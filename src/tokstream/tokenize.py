@@ -41,7 +41,8 @@ DEFAULT_SHARD_TOKENS = 100_000_000
 BATCH_DOCUMENTS = 1000
 BATCH_CHARS = 4 << 20
 
-Progress = Callable[[str], None]
+#: Called with a one-line status, and whether it marks a milestone (a shard written).
+Progress = Callable[[str, bool], None]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,7 +344,7 @@ def tokenize_files(
     document_per_file
         Each text file is one document (default: each nonempty line is one).
     progress
-        Called with a one-line status after each batch.
+        Called after each batch with a one-line status and whether a shard was just written.
 
     Raises
     ------
@@ -389,12 +390,14 @@ def tokenize_files(
         else:
             encoded = _in_workers(stack, tokenizer, workers, batches, eos_id)
         for (flat, lengths), end, read in encoded:
+            shards_before = len(manifest["shards"])
             sink.add(flat, lengths, end, shard_tokens)
             if progress is not None:
                 progress(
                     f"tokenize: {sink.documents:,} documents, {sink.tokens:,} tokens, "
                     f"{len(manifest['shards'])} shards done, "
-                    f"{(done_bytes + read) / max(total_bytes, 1):.0%} of the input"
+                    f"{(done_bytes + read) / max(total_bytes, 1):.0%} of the input",
+                    len(manifest["shards"]) > shards_before,
                 )
         sink.finish()
     manifest["complete"] = True

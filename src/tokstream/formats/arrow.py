@@ -62,11 +62,14 @@ def read_file(path: Path, column: str) -> list[Shard]:
                 reader = pa.ipc.open_file(source)
                 batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
             else:
-                batches = list(pa.ipc.open_stream(source))
+                reader = pa.ipc.open_stream(source)
+                batches = list(reader)
             for batch in batches:
                 batch.validate()
-    except pa.ArrowException as exc:
-        raise ValueError(f"{where}: unreadable Arrow data: {exc}") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(
+            f"{where}: unreadable Arrow data ({exc}); if it holds raw tokens, pass format='bin'"
+        ) from None
 
     def locate(buffer: Any, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
         start = buffer.address - base + offset * dtype.itemsize
@@ -78,7 +81,7 @@ def read_file(path: Path, column: str) -> list[Shard]:
             )
         return map_tokens(path, dtype, start, count)
 
-    return _batches_to_shards(batches, column, where, locate)
+    return _batches_to_shards(reader.schema, batches, column, where, locate)
 
 
 def read_directory(path: Path, column: str) -> list[Shard]:
@@ -151,6 +154,7 @@ def read_object(value: Any, column: str) -> list[Shard]:
             )
         value = value.data.table
     batches = value.to_batches() if isinstance(value, pa.Table) else [value]
+    schema = value.schema
 
     def view(buffer: Any, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
         if count == 0:
@@ -159,41 +163,52 @@ def read_object(value: Any, column: str) -> list[Shard]:
         array.flags.writeable = False
         return array
 
-    return _batches_to_shards(batches, column, where, view)
+    return _batches_to_shards(schema, batches, column, where, view)
 
 
-def _batches_to_shards(batches: list, column: str, where: str, locate: Any) -> list[Shard]:
+def _batches_to_shards(
+    schema: Any, batches: list, column: str, where: str, locate: Any
+) -> list[Shard]:
+    """Check the column's type once, then make one shard per batch (an empty one if none)."""
+    token_type = _token_type(schema, column, where)
     shards = [
         _column_shard(batch, column, f"{where} (record batch {i})", locate)
         for i, batch in enumerate(batches)
     ]
     if not shards:
-        return [Shard(map_tokens(Path(), np.dtype(np.uint16), 0, 0), None, where)]
+        empty = map_tokens(Path(), np.dtype(token_type.to_pandas_dtype()), 0, 0)
+        return [Shard(empty, None, where)]
     return shards
+
+
+def _token_type(schema: Any, column: str, where: str) -> Any:
+    """The integer type of the tokens of ``column``; ValueError naming ``where`` otherwise."""
+    pa = require()
+    if column not in schema.names:
+        raise ValueError(
+            f"{where} has no column {column!r} (its columns: {', '.join(schema.names) or 'none'}); "
+            "choose one with column="
+        )
+    kind = schema.field(column).type
+    if pa.types.is_integer(kind):
+        return kind
+    if not _is_list(pa, kind):
+        raise ValueError(f"{where}: column {column!r} is {kind}, not a list of integer token ids")
+    if not pa.types.is_integer(kind.value_type):
+        what = "nested lists" if _is_list(pa, kind.value_type) else f"lists of {kind.value_type}"
+        raise ValueError(f"{where}: column {column!r} holds {what}, not lists of integer token ids")
+    return kind.value_type
 
 
 def _column_shard(batch: Any, column: str, where: str, locate: Any) -> Shard:
     pa = require()
-    names = batch.schema.names
-    if column not in names:
-        raise ValueError(
-            f"{where} has no column {column!r} (its columns: {', '.join(names) or 'none'}); "
-            "choose one with column="
-        )
-    array = batch.column(names.index(column))
+    array = batch.column(batch.schema.names.index(column))
     kind = array.type
     if array.null_count:
         raise ValueError(f"{where}: column {column!r} has {array.null_count} null rows")
     if pa.types.is_integer(kind):
         tokens = _values(array, 0, len(array), column, where, locate)
         return Shard(tokens, None, where)
-    if not (
-        pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
-    ):
-        raise ValueError(f"{where}: column {column!r} is {kind}, not a list of integer token ids")
-    if not pa.types.is_integer(kind.value_type):
-        what = "nested lists" if _is_list(pa, kind.value_type) else f"lists of {kind.value_type}"
-        raise ValueError(f"{where}: column {column!r} holds {what}, not lists of integer token ids")
     child = array.values
     if pa.types.is_fixed_size_list(kind):
         offsets = (np.arange(len(array) + 1, dtype=np.int64) + array.offset) * kind.list_size
