@@ -24,11 +24,14 @@ directives = {
 
 extensions = [
     Extension(
-        "tokstream._windows",
-        ["src/tokstream/_windows.pyx"],
+        f"tokstream.{name}",
+        [f"src/tokstream/{name}.pyx"],
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O3"],
         define_macros=[("TOKSTREAM_DEBUG", "1" if DEBUG else "0")],
     )
+    # The window kernel; read-ahead advice for memory-mapped corpora; the plain C loop that
+    # benchmarks hold the kernel to.
+    for name in ("_windows", "_readahead", "_baseline_loop")
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=directives))

@@ -1,4 +1,4 @@
-"""The wheel is built against NumPy 2 and must give the same bytes under every NumPy it allows.
+"""One wheel, every NumPy it allows: the same bytes under NumPy 1.26 and the newest 2.x.
 
 The parity suite compares the fast path with the reference path under the NumPy installed; if
 a NumPy release changed what both compute (the legacy ``RandomState`` stream, an integer cast),

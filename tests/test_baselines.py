@@ -10,7 +10,7 @@ import pytest
 import tokstream
 from tokstream import baselines
 
-NUMPY_LOADERS = ["reference", "best_numpy", "fast", "fast_reuse"]
+NUMPY_LOADERS = ["reference", "best_numpy", "fast", "fast_reuse", "c_loop"]
 
 
 def _corpus(length: int, dtype: str, seed: int = 0) -> np.ndarray:
@@ -47,6 +47,30 @@ def test_loaders_yield_the_fast_paths_batches(path, dtype, shuffle, length, bloc
         np.testing.assert_array_equal(next_tokens, want_next)
         count += 1
     assert count == len(expected) > 0
+
+
+@pytest.mark.parametrize("distance", [*baselines.C_LOOP_DISTANCES, 1000])
+@pytest.mark.parametrize("dtype", ["int64", "uint16"])
+def test_c_loop_yields_the_same_batches_at_every_prefetch_distance(distance, dtype):
+    ids = _corpus(300, dtype)
+    expected = list(tokstream.stream_token_source(ids, 9, 16, seed=2))
+    got = baselines.c_loop(ids, 9, 16, seed=2, distance=distance)
+    for (windows, next_tokens), (want_windows, want_next) in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(windows, want_windows)
+        np.testing.assert_array_equal(next_tokens, want_next)
+
+
+def test_c_loop_calibrates_to_one_of_its_distances_and_reuses_one_buffer():
+    ids = _corpus(5000, "int64")
+    assert baselines.best_c_loop_distance(ids, 16, 64) in baselines.C_LOOP_DISTANCES
+    batches = baselines.c_loop(ids, 16, 64)
+    addresses = {w.__array_interface__["data"][0] for w, _ in itertools.islice(batches, 4)}
+    assert len(addresses) == 1
+
+
+def test_c_loop_rejects_a_negative_distance():
+    with pytest.raises(ValueError, match="distance"):
+        baselines.c_loop(np.arange(100), 4, 8, distance=-1)
 
 
 def test_fast_reuse_cycles_through_two_buffers():
@@ -200,3 +224,21 @@ def test_ratios_name_measured_paths_and_labels_cover_every_path():
         assert {top, bottom} <= set(baselines.PATHS)
     assert baselines.ratio("fast", "reference", 30.0, 10.0, block=8) == 3.0
     assert baselines.ratio("fast", "gather_limit", 800.0, 50.0, block=8) == 2.0
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize(
+    ("num_windows", "batch_size"), [(10, 3), (10, 10), (4, 9), (0, 2), (-3, 2)]
+)
+def test_batch_starts_cut_each_epochs_order_into_consecutive_batches(
+    shuffle, num_windows, batch_size
+):
+    from tokstream.reference import batch_starts
+
+    got = list(batch_starts(num_windows, batch_size, 3, shuffle, np.random.RandomState(5)))
+    rng = np.random.RandomState(5)
+    expected = []
+    for _ in range(3 if num_windows > 0 else 0):
+        order = rng.permutation(num_windows) if shuffle else np.arange(num_windows)
+        expected += [order[k : k + batch_size] for k in range(0, num_windows, batch_size)]
+    assert [s.tolist() for s in got] == [s.tolist() for s in expected]

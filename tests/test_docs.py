@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream import _windows
+from tokstream import _baseline_loop, _readahead, _windows
 
 # Modules whose import has a side effect (the command line runs) or needs an optional extra.
 _NOT_IMPORTED = {"tokstream.__main__"}
@@ -35,8 +35,10 @@ def _import(name: str):
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        if exc.name in _OPTIONAL:
-            pytest.skip(f"{name} needs the optional dependency {exc.name}")
+        # tokstream.torch re-raises torch's ImportError with the extra to install, from it.
+        missing = exc.name or getattr(exc.__cause__, "name", None)
+        if missing in _OPTIONAL:
+            pytest.skip(f"{name} needs the optional dependency {missing}")
         raise
 
 
@@ -53,7 +55,8 @@ def test_module_doctests_pass(name: str) -> None:
 
 def test_doctests_actually_ran() -> None:
     """A doctest run that found no examples would pass vacuously: these modules carry some."""
-    for name in ("tokstream.stream", "tokstream.reference", "tokstream.baselines", "tokstream.bench"):
+    carriers = ("tokstream.stream", "tokstream.reference", "tokstream.baselines", "tokstream.bench")
+    for name in carriers:
         if name not in _attempted:
             test_module_doctests_pass(name)
         assert _attempted[name] > 0, f"no doctest examples found in {name}"
@@ -81,70 +84,141 @@ def test_help_shows_the_real_signature_of_the_stream() -> None:
     assert "Examples" in text
 
 
-@pytest.mark.parametrize("name", ["gather_windows", "permuted_positions"])
-def test_help_shows_the_real_signature_of_each_kernel(name: str) -> None:
-    function = getattr(_windows, name)
+COMPILED = {"_windows": _windows, "_readahead": _readahead, "_baseline_loop": _baseline_loop}
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "first_parameters"),
+    [
+        ("_windows", "gather_windows", "tokens, starts, windows"),
+        ("_windows", "permuted_positions", "out, first, stride"),
+        ("_readahead", "advise_windows", "tokens, starts, span"),
+        ("_readahead", "resident_fraction", "tokens"),
+        ("_baseline_loop", "copy_windows", "tokens, starts, windows"),
+        ("_baseline_loop", "read_at", "fd, offsets, buffer"),
+    ],
+)
+def test_help_shows_the_real_signature_of_each_kernel(module, name, first_parameters) -> None:
+    function = getattr(COMPILED[module], name)
     text = pydoc.render_doc(function, renderer=pydoc.plaintext)
     parameters = ", ".join(inspect.signature(function).parameters)
-    assert parameters.startswith(("tokens, starts, windows", "out, first, stride"))
+    assert parameters.startswith(first_parameters)
     assert f"{name}(" in text
     # What Cython embeds for a fused function when left to itself.
     assert "signatures, args, kwargs" not in text
 
 
-def _stub_functions() -> dict[str, ast.FunctionDef]:
-    source = (importlib.resources.files("tokstream") / "_windows.pyi").read_text()
-    tree = ast.parse(source)
-    return {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+def _stub(module: str) -> ast.Module:
+    source = (importlib.resources.files("tokstream") / f"{module}.pyi").read_text()
+    return ast.parse(source)
 
 
-def _stub_attributes() -> set[str]:
-    source = (importlib.resources.files("tokstream") / "_windows.pyi").read_text()
-    return {
-        node.target.id
-        for node in ast.parse(source).body
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-    }
-
-
-def test_kernel_stubs_match_the_compiled_module() -> None:
-    stubs = _stub_functions()
+@pytest.mark.parametrize("module", list(COMPILED))
+def test_kernel_stubs_match_the_compiled_module(module: str) -> None:
+    tree = _stub(module)
+    stubs = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    compiled_module = COMPILED[module]
     compiled = {
         name
-        for name in dir(_windows)
-        if not name.startswith("_") and callable(getattr(_windows, name))
+        for name in dir(compiled_module)
+        if not name.startswith("_") and callable(getattr(compiled_module, name))
     }
     assert set(stubs) == compiled
     for name, node in stubs.items():
-        runtime = inspect.signature(getattr(_windows, name))
+        runtime = inspect.signature(getattr(compiled_module, name))
         stub_args = [a.arg for a in node.args.args]
         assert stub_args == list(runtime.parameters), name
         empty = inspect.Parameter.empty
         defaults = [p.default for p in runtime.parameters.values() if p.default is not empty]
         assert len(node.args.defaults) == len(defaults), name
-    for attribute in _stub_attributes():
-        assert hasattr(_windows, attribute), attribute
+    attributes = {
+        node.target.id
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    }
+    assert attributes | set(stubs) == {n for n in dir(compiled_module) if not n.startswith("_")}
 
 
 def test_package_ships_py_typed_and_stubs() -> None:
     package = importlib.resources.files("tokstream")
     assert (package / "py.typed").is_file()
-    assert (package / "_windows.pyi").is_file()
+    for module in COMPILED:
+        assert (package / f"{module}.pyi").is_file()
 
 
-def _readme_block(defines: str) -> str:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    (code,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if defines in b]
+# ---------------------------------------------------------------------------------------------
+# README.md and docs/*.md: every Python block runs as a user would paste it
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Libraries a block may import that the `test` extra does not install.
+_OPTIONAL_IN_BLOCKS = {"torch", "torchdata"}
+
+
+def _python_blocks() -> list[tuple[Path, int, str]]:
+    return [
+        (document, index, code)
+        for document in DOCUMENTS
+        for index, code in enumerate(re.findall(r"```python\n(.*?)```", document.read_text(), re.S))
+    ]
+
+
+def _block_defining(name: str) -> str:
+    (code,) = [code for _, _, code in _python_blocks() if f"def {name}(" in code]
     return code
 
 
-def test_readme_numpy_training_loop_resumes_exactly(tmp_path):
-    namespace: dict = {"__name__": "readme_numpy_example"}
-    exec(compile(_readme_block("def train_numpy("), "README.md", "exec"), namespace)
+def _imported_roots(code: str) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize(
+    ("document", "index", "code"),
+    [pytest.param(*block, id=f"{block[0].name}-{block[1]}") for block in _python_blocks()],
+)
+def test_every_python_block_of_the_docs_runs_as_pasted(
+    document, index, code, tmp_path, monkeypatch
+):
+    for name in sorted(_imported_roots(code) & _OPTIONAL_IN_BLOCKS):
+        pytest.importorskip(name)
+    monkeypatch.chdir(tmp_path)  # blocks that write files write them here
+    exec(compile(code, f"{document.name} block {index}", "exec"), {"__name__": "__docs__"})
+
+
+def test_the_docs_have_python_blocks_to_run():
+    documents = {document.name for document, _, _ in _python_blocks()}
+    assert {"README.md", "training.md"} <= documents
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
+def test_the_docs_link_only_to_files_that_exist_and_name_the_reference_path(document):
+    text = document.read_text()
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+        assert (document.parent / target).exists(), f"{document.name} links to missing {target}"
+    # The original generator's specification does not ship; the reference path does.
+    assert "the spec" not in text.lower(), f"{document.name} refers to the spec"
+
+
+def test_the_readme_stays_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+
+
+def test_the_numpy_training_loop_resumes_exactly_and_a_finished_run_stops(tmp_path):
+    namespace: dict = {"__name__": "docs_numpy_example"}
+    exec(compile(_block_defining("train_numpy"), "docs/training.md", "exec"), namespace)
     train_numpy = namespace["train_numpy"]
     tokens = np.random.default_rng(1).integers(0, 256, 20_000).astype(np.uint16)
     whole = train_numpy(tokens, str(tmp_path / "whole.npz"), steps=150)
     first = train_numpy(tokens, str(tmp_path / "resumed.npz"), steps=100)
     rest = train_numpy(tokens, str(tmp_path / "resumed.npz"), steps=150)
-    assert first + rest == whole
+    assert len(whole) == 150 and first + rest == whole
     assert whole[-1] < whole[0]  # it does learn
+    # Run again, a finished run trains no further (the stream would have thousands more batches).
+    assert train_numpy(tokens, str(tmp_path / "whole.npz"), steps=150) == []
+    assert train_numpy(tokens, str(tmp_path / "resumed.npz"), steps=150) == []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import mmap
+import os
+import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
@@ -16,6 +18,7 @@ import tokstream
 from tests.conftest import KERNEL_DTYPES, assert_same_batches, sharded_oracle_batches
 from tokstream import Corpus, open_tokens, stream_token_source, write_tokens
 from tokstream import reference as ref
+from tokstream._filemap import FileMap
 from tokstream.files import detect_format
 
 LLMC_MAGIC = 20240520  # llm.c GPT-2 shards: version 1, uint16 tokens
@@ -37,10 +40,10 @@ def batches(stream) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(w.copy(), t.copy()) for w, t in stream]
 
 
-def memmap_of(array: np.ndarray) -> np.memmap | None:
-    """The ``np.memmap`` an array is a view of, following ``.base``."""
+def file_map_of(array: np.ndarray) -> FileMap | None:
+    """The file mapping an array is a view of, following ``.base``."""
     base = array
-    while base is not None and not isinstance(base, np.memmap):
+    while base is not None and not isinstance(base, FileMap):
         base = base.base
     return base
 
@@ -137,6 +140,56 @@ def test_a_failed_write_leaves_neither_the_file_nor_a_temporary(tmp_path, monkey
     with pytest.raises(OSError, match="disk full"):
         write_tokens(tmp_path / "t.npy", np.arange(10))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("path", ["", ".", "..", "sub", "sub/"])
+def test_write_tokens_refuses_a_path_that_names_no_file_before_writing(tmp_path, monkeypatch, path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ValueError, match="name a file|is a directory"):
+        write_tokens(path, np.arange(10))
+    assert [p.name for p in tmp_path.iterdir()] == ["sub"] and not any((tmp_path / "sub").iterdir())
+
+
+def test_write_tokens_with_a_path_that_is_not_a_path_is_a_type_error():
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike, got int"):
+        write_tokens(3, np.arange(10))
+
+
+def test_a_failed_rename_removes_the_temporary_and_names_the_file(tmp_path, monkeypatch):
+    # The destination becomes a directory between the check and the rename (another process),
+    # so the operating system itself refuses the rename.
+    target = tmp_path / "t.npy"
+    real_replace = os.replace
+
+    def racing_replace(source, destination):
+        Path(destination).mkdir()
+        return real_replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", racing_replace)
+    with pytest.raises(OSError) as raised:
+        write_tokens(target, np.arange(1000))
+    assert raised.value.filename == str(target)
+    assert ".tmp" not in str(raised.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["t.npy"] and target.is_dir()
+
+
+def test_a_file_that_cannot_be_created_is_named_not_its_temporary(tmp_path):
+    target = tmp_path / "missing_directory" / "t.npy"
+    with pytest.raises(FileNotFoundError) as raised:
+        write_tokens(target, np.arange(10))
+    assert raised.value.filename == str(target) and ".tmp" not in str(raised.value)
+
+
+def test_a_name_at_the_length_limit_is_written_and_one_beyond_it_is_a_value_error(tmp_path):
+    longest = "t" * 251 + ".npy"  # 255 bytes: valid, though its temporary name could not be
+    path = write_tokens(tmp_path / longest, np.arange(10))
+    assert open_tokens(path).shards[0].tolist() == list(range(10))
+    assert [p.name for p in tmp_path.iterdir()] == [longest]
+    with pytest.raises(ValueError, match="longer than the file system allows") as raised:
+        write_tokens(tmp_path / ("t" + longest), np.arange(10))
+    assert "t" + longest in str(raised.value)
+    assert [p.name for p in tmp_path.iterdir()] == [longest]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,7 +308,21 @@ BAD_FILES = {
     "raw asked to be npy": ("t.bin", lambda p: p.write_bytes(bytes(10)), {"format": "npy"},
                             "bad magic"),
     "a directory": ("data", lambda p: p.mkdir(), {}, "is a directory"),
+    "npy shape (True,)": ("t.npy", lambda p: _npy_with_shape(p, (True,), 2), {},
+                          "unreadable .npy header"),
+    "npy shape (False,)": ("t.npy", lambda p: _npy_with_shape(p, (False,), 0), {},
+                           "unreadable .npy header"),
 }
+
+
+def _npy_with_shape(path: Path, shape: tuple, data_bytes: int) -> None:
+    """A .npy file of uint16 whose header says ``shape`` (NumPy's writer checks nothing)."""
+    import io
+
+    buffer = io.BytesIO()
+    header = {"descr": "<u2", "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(buffer, header)
+    path.write_bytes(buffer.getvalue() + bytes(data_bytes))
 
 
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
@@ -305,6 +372,11 @@ def test_a_pattern_that_matches_nothing_is_a_value_error_naming_it(tmp_path):
         (lambda d: open_tokens(d / "a.bin", format="zip"), ValueError, "'zip'"),
         (lambda d: open_tokens(d / "a.bin", format=1), TypeError, "format"),
         (lambda d: detect_format(3), TypeError, "int"),
+        (lambda d: open_tokens(d / "a.bin", dtype="m8"), TypeError, "timedelta64"),
+        (lambda d: open_tokens(d / "a.bin", dtype=("i4", "x")), TypeError, "dtype"),
+        (lambda d: open_tokens(d / "a.bin", dtype=("i4", 2)), TypeError, "dtype"),
+        (lambda d: open_tokens(d / ("x" * 300)), ValueError, "longer than the file system"),
+        (lambda d: open_tokens([d / "a.bin", d / ("x" * 300)]), ValueError, "x" * 200),
     ],
 )
 def test_wrong_arguments_to_open_tokens_are_rejected(tmp_path, call, error, message):
@@ -327,6 +399,10 @@ def test_wrong_arguments_to_open_tokens_are_rejected(tmp_path, call, error, mess
         (np.array([0, 1]), {"format": None}, TypeError, "format"),
         (np.array([0.5]), {}, ValueError, "fractional"),
         (np.array([True]), {}, TypeError, "bool"),
+        (np.array([0, 1]), {"dtype": "m8"}, TypeError, "timedelta64"),
+        (np.array([0, 1]), {"dtype": ("i4", "x")}, TypeError, "dtype"),
+        ("0123", {}, TypeError, "ids must be a sequence or array"),
+        ([1, 10**5000], {}, ValueError, r"ids\[1\] = an int of 16610 bits"),
     ],
 )
 def test_write_tokens_rejects_ids_that_do_not_fit_and_bad_arguments(
@@ -413,9 +489,9 @@ def test_a_memory_mapped_file_of_every_dtype_is_read_in_place(tmp_path, dtype):
     path = write_tokens(tmp_path / "t.npy", ids, dtype=dtype)
     corpus = open_tokens(path)
     shard = corpus.shards[0]
-    mapped = memmap_of(shard)
-    assert mapped is not None and Path(mapped.filename) == path.resolve()
-    assert np.shares_memory(shard, mapped)
+    mapped = file_map_of(shard)
+    assert mapped is not None and Path(mapped.path) == path
+    assert np.shares_memory(shard, np.asarray(mapped))
     assert shard.dtype == dtype and not shard.flags.writeable
     stream = stream_token_source(corpus, 7, 64, shuffle=True, seed=3)
     assert stream.corpus.shards[0] is shard
@@ -484,6 +560,44 @@ def test_a_non_native_byte_order_file_is_copied_into_native_order(tmp_path):
     assert shard.dtype == np.uint16 and shard.dtype.isnative
     assert list(corpus.memory_maps()) == []
     assert shard.tolist() == list(range(100))
+
+
+# ---------------------------------------------------------------------------------------------
+# No file descriptor per shard
+
+OPEN_UNDER_LOW_ULIMIT = """
+import os, resource, sys
+import numpy as np
+from tokstream import open_tokens, stream_token_source
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), hard))
+before = len(os.listdir("/dev/fd"))
+corpus = open_tokens(os.path.join(sys.argv[1], "shard_*"))
+held = len(os.listdir("/dev/fd")) - before
+windows = sum(len(w) for w, _ in stream_token_source(corpus, 3, 64, shuffle=True))
+print(len(corpus.shards), held, windows, corpus.advise(random=True))
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="RLIMIT_NOFILE is POSIX")
+def test_thousands_of_shards_open_and_stream_under_ulimit_n_1024_holding_no_descriptor(tmp_path):
+    shards = 3000
+    for j in range(shards):
+        (np.arange(j % 7 + 4, dtype=np.uint16) + j).tofile(tmp_path / f"shard_{j:05d}.bin")
+    expected_windows = sum(j % 7 + 1 for j in range(shards))
+    result = subprocess.run(
+        [sys.executable, "-c", OPEN_UNDER_LOW_ULIMIT, str(tmp_path), "1024"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(shards), "0", str(expected_windows), str(shards)]
+
+
+def test_a_mapped_file_stays_readable_after_its_name_is_gone(tmp_path):
+    path = write_tokens(tmp_path / "t.npy", np.arange(1000))
+    corpus = open_tokens(path)
+    path.unlink()
+    assert corpus.shards[0].tolist() == list(range(1000))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tokstream import Corpus, open_tokens, write_tokens
+from tokstream._filemap import FileMap
 from tokstream.files import FORMATS, detect_format
 
 MEGATRON_CODES = {
@@ -24,10 +25,11 @@ MEGATRON_CODES = {
 }
 
 
-def memmap_of(array: np.ndarray) -> np.memmap | None:
+def memmap_of(array: np.ndarray) -> FileMap | None:
+    """The file map an array is a view of (tokstream maps files without np.memmap)."""
     base = array
-    while base is not None and not isinstance(base, np.memmap):
-        base = base.base
+    while base is not None and not isinstance(base, FileMap):
+        base = getattr(base, "base", None)
     return base
 
 

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import importlib.machinery
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.conftest import KERNEL_DTYPES
 from tokstream import _windows
+from tokstream.corpus import PREFETCH_BYTES, PREFETCH_MAX_WINDOWS, prefetch_distance
 
 
 def test_loaded_kernel_is_the_compiled_extension():
@@ -74,3 +77,70 @@ def test_debug_build_catches_an_out_of_range_window():
     windows = np.empty((1, 4), np.int64)
     with pytest.raises(IndexError):
         _windows.gather_windows(tokens, np.array([7], np.int64), windows, np.empty(1, np.int64))
+
+
+@pytest.mark.parametrize("dtype", ["u2", "i8"])
+@pytest.mark.parametrize("prefetch", [0, 1, 3, 64, 2**62, -5])
+def test_software_prefetch_distance_never_changes_the_windows(dtype, prefetch):
+    tokens = np.random.default_rng(0).integers(0, 1000, 500).astype(dtype)
+    starts = np.random.default_rng(1).integers(0, 500 - 17, 50)
+    windows = np.empty((50, 16), np.int64)
+    next_tokens = np.empty(50, np.int64)
+    _windows.gather_windows(tokens, starts, windows, next_tokens, None, None, prefetch)
+    want = np.stack([tokens[s : s + 16] for s in starts]).astype(np.int64)
+    np.testing.assert_array_equal(windows, want)
+    np.testing.assert_array_equal(next_tokens, tokens[starts + 16])
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint16", "uint8", "int32"])
+def test_prefetch_distance_keeps_about_2_kib_ahead_and_skips_long_windows(dtype):
+    dtype = np.dtype(dtype)
+    for block in [1, 8, 64, 128, 1024, 4096, 2**40]:
+        distance = prefetch_distance(block, dtype)
+        window_bytes = (block + 1) * dtype.itemsize
+        assert 0 <= distance <= PREFETCH_MAX_WINDOWS
+        if distance:
+            assert distance == 1 or distance * window_bytes <= PREFETCH_BYTES
+    assert prefetch_distance(8, np.dtype("int64")) == 28
+    assert prefetch_distance(128, np.dtype("uint16")) == 7
+    assert prefetch_distance(1024, np.dtype("uint16")) == 1
+    assert prefetch_distance(128, np.dtype("int64")) == 0
+
+
+PORTABLE_H = Path(__file__).resolve().parent.parent / "src" / "tokstream" / "_portable.h"
+MULHI_MAIN = r"""
+#include <stdio.h>
+#include <inttypes.h>
+#include "_portable.h"
+int main(void) {
+    uint64_t a, b;
+    while (scanf("%" SCNu64 " %" SCNu64, &a, &b) == 2)
+        printf("%" PRIu64 "\n", tokstream_mulhi64(a, b));
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "defines", [[], ["-DTOKSTREAM_PORTABLE_MULHI"]], ids=["native", "portable"]
+)
+def test_mulhi_matches_the_exact_product_with_and_without_128_bit_integers(tmp_path, defines):
+    """The plain-C multiply (what MSVC on 32-bit and exotic compilers get) equals the exact one."""
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None or not PORTABLE_H.is_file():
+        pytest.skip("needs a C compiler and the source tree")
+    source = tmp_path / "mulhi.c"
+    source.write_text(MULHI_MAIN)
+    program = tmp_path / "mulhi"
+    subprocess.run(
+        [compiler, "-O2", "-std=c99", "-Wall", "-Werror", f"-I{PORTABLE_H.parent}", *defines,
+         str(source), "-o", str(program)],
+        check=True,
+    )
+    rng = np.random.default_rng(0)
+    edges = [0, 1, 2**32 - 1, 2**32, 2**32 + 1, 2**63, 2**64 - 1]
+    pairs = [(a, b) for a in edges for b in edges]
+    pairs += [tuple(int(v) for v in rng.integers(0, 2**64, 2, dtype=np.uint64)) for _ in range(500)]
+    text = "".join(f"{a} {b}\n" for a, b in pairs)
+    out = subprocess.run([str(program)], input=text, capture_output=True, text=True, check=True)
+    assert [int(v) for v in out.stdout.split()] == [(a * b) >> 64 for a, b in pairs]

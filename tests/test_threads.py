@@ -109,7 +109,8 @@ def test_state_dicts_taken_while_threads_iterate_are_consistent_cursors():
 
     def worker(i):
         if i == 0:
-            while not done.is_set():
+            # At least one state, even when the other threads finish before this one runs.
+            while not states or not done.is_set():
                 states.append(shared.state_dict())
         else:
             for _ in shared:

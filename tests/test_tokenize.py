@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from tokstream import cli, open_tokens
+from tokstream._tokenizers import Encoder
 from tokstream.formats import tokenized
-from tokstream.tokenize import Encoder, tokenize_files
+from tokstream.tokenize import tokenize_files
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -63,7 +64,9 @@ def documents_of(corpus) -> list[list[int]]:
 
 
 def shard_bytes(directory: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name != "tokstream.json"}
+    return {
+        p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name != "tokstream.json"
+    }
 
 
 @pytest.mark.parametrize("format", ["npy", "bin", "llmc", "megatron"])

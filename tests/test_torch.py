@@ -203,6 +203,116 @@ def test_a_dataset_state_from_another_configuration_is_a_value_error():
         TokenDataset(np.arange(50), 4, 4).load_state_dict(saved)
 
 
+# ------------------------------------------------------------------ tensors as token ids
+
+
+@pytest.mark.parametrize(
+    ("tensor", "named"),
+    [
+        pytest.param(torch.arange(10.0, requires_grad=True), ".detach()", id="requires_grad"),
+        pytest.param(torch.arange(10).to(torch.bfloat16), "BFloat16", id="bfloat16"),
+        pytest.param(torch.arange(10).to_sparse(), "Sparse", id="sparse"),
+    ],
+)
+def test_a_tensor_numpy_cannot_read_is_a_type_error_naming_token_ids(tensor, named):
+    for build in (stream_token_source, TokenDataset):
+        with pytest.raises(TypeError, match="token_ids") as raised:
+            build(tensor, 2, 2)
+        assert named in str(raised.value)
+
+
+# ------------------------------------------------------------------ len()
+
+# 10 windows in batches of 4: one process streams 3 batches, two workers 2 each (every worker
+# takes a share of the 10 positions), so len() must know the DataLoader's workers.
+LEN_CORPUS = np.arange(11)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_len_of_the_dataloader_is_the_number_of_batches_it_yields(num_workers):
+    dataset = TokenDataset(LEN_CORPUS, 1, 4, epochs=2, num_workers=num_workers)
+    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers,
+                        multiprocessing_context="fork" if num_workers else None)
+    assert len(loader) == {0: 2 * 3, 2: 2 * 4}[num_workers]
+    assert len(list(loader)) == len(loader) == dataset.num_batches(num_workers)
+
+
+def test_len_of_a_plain_dataset_counts_one_process_and_a_worker_counts_its_share(monkeypatch):
+    dataset = TokenDataset(LEN_CORPUS, 1, 4)
+    assert len(dataset) == len(list(dataset)) == 3
+    in_a_worker = TokenDataset(LEN_CORPUS, 1, 4)
+    fake_worker(monkeypatch, 1, 2)
+    assert len(in_a_worker) == len(list(in_a_worker)) == 2
+
+
+@pytest.mark.parametrize(
+    ("told", "call_len", "runs"), [(2, False, 0), (0, False, 2), (None, True, 2)]
+)
+def test_iterating_with_other_workers_than_len_counted_for_is_a_value_error(told, call_len, runs):
+    dataset = TokenDataset(LEN_CORPUS, 1, 4, num_workers=told)
+    loader = DataLoader(dataset, batch_size=None, num_workers=runs,
+                        multiprocessing_context="fork" if runs else None)
+    if call_len:
+        assert len(loader) == 3
+    with pytest.raises(ValueError, match=f"pass TokenDataset\\(..., num_workers={runs}\\)"):
+        list(loader)
+
+
+def test_num_workers_is_checked_when_the_dataset_is_built():
+    with pytest.raises(ValueError, match="num_workers must be nonnegative"):
+        TokenDataset(LEN_CORPUS, 1, 4, num_workers=-1)
+
+
+# ------------------------------------------------------------------ state with real workers
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_the_main_process_state_of_a_dataset_streamed_by_plain_workers_is_refused(context):
+    dataset = TokenDataset(np.arange(200), 3, 4, seed=1)
+    assert dataset.state_dict()["position"] == 0  # before any worker: the start, truthfully
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context)
+    iterator = iter(loader)
+    for _ in range(5):
+        next(iterator)
+    with pytest.raises(RuntimeError, match="StatefulDataLoader"):
+        dataset.state_dict()
+    del iterator
+    # Streaming it in this process again makes this process' cursor the one that counts.
+    next(iter(DataLoader(dataset, batch_size=None)))
+    assert dataset.state_dict()["position"] == 4
+
+
+# torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates.
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_statefuldataloader_resumes_to_identical_batches(num_workers):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader_of(dataset):
+        return StatefulDataLoader(
+            dataset, batch_size=None, num_workers=num_workers,
+            multiprocessing_context="fork" if num_workers else None,
+        )
+
+    def dataset():
+        return TokenDataset(np.arange(300), 5, 6, epochs=2, seed=3, targets="shifted",
+                            num_workers=num_workers)
+
+    loader = loader_of(dataset())
+    iterator = iter(loader)
+    first = [next(iterator) for _ in range(7)]
+    state = loader.state_dict()
+    rest = list(iterator)
+    assert len(first) + len(rest) == len(loader)
+
+    resumed_loader = loader_of(dataset())
+    resumed_loader.load_state_dict(state)
+    resumed = list(resumed_loader)
+    assert len(resumed) == len(rest) > 0
+    for (x, y), (rx, ry) in zip(rest, resumed, strict=True):
+        assert torch.equal(x, rx) and torch.equal(y, ry)
+
+
 # ------------------------------------------------------------------ gloo process groups
 
 
@@ -303,6 +413,8 @@ def run_the_readme_example(rank: int, world_size: int, port: int, out: str):
         }
         dist.barrier()  # rank 0 has written the checkpoint of step 6
         runs["resumed"] = train(tokens, f"{out}/resumed.pt", steps=12, save_every=3)
+        dist.barrier()  # rank 0 has written the checkpoint of step 12
+        runs["finished, run again"] = train(tokens, f"{out}/resumed.pt", steps=12, save_every=3)
         Path(out, f"rank{rank}.json").write_text(json.dumps(runs))
     finally:
         dist.destroy_process_group()
@@ -314,4 +426,6 @@ def test_the_readme_ddp_example_resumes_to_bit_identical_losses(monkeypatch, tmp
         runs = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert len(runs["uninterrupted"]) == 12 and len(runs["stopped"]) == 6
         assert runs["stopped"] + runs["resumed"] == runs["uninterrupted"]
-    assert not (tmp_path / "whole.pt").exists()
+        assert runs["finished, run again"] == []
+    # save_every=100 left one checkpoint, at the last step.
+    assert torch.load(tmp_path / "whole.pt")["step"] == 12

@@ -24,6 +24,13 @@ def _kwargs(**overrides):
     return kwargs
 
 
+class RaisingArray:
+    """An array-like whose conversion fails, as a tensor that requires grad does."""
+
+    def __array__(self, dtype=None, copy=None):
+        raise RuntimeError("cannot convert")
+
+
 # (test id, overrides, exception type, text the message must contain)
 TOKEN_ID_CASES = [
     ("2d", {"token_ids": np.zeros((3, 4), np.int64)}, ValueError, "token_ids"),
@@ -57,7 +64,14 @@ TOKEN_ID_CASES = [
     ("list_float_two_pow_63", {"token_ids": [0.0, 2.0**63]}, ValueError, "token_ids[1]"),
     ("ragged", {"token_ids": [[1, 2], [3]]}, ValueError, "token_ids"),
     ("nested", {"token_ids": [[1, 2], [3, 4]]}, ValueError, "token_ids"),
-    ("none", {"token_ids": None}, ValueError, "token_ids"),
+    ("none", {"token_ids": None}, TypeError, "token_ids"),
+    ("generator", {"token_ids": (i for i in range(10))}, TypeError, "list(it)"),
+    ("str", {"token_ids": "0123456789"}, TypeError, "got str"),
+    ("bytes", {"token_ids": b"0123456789"}, TypeError, "got bytes"),
+    ("set", {"token_ids": {1, 2, 3}}, TypeError, "got set"),
+    ("array_that_raises", {"token_ids": RaisingArray()}, TypeError, "token_ids (RaisingArray)"),
+    ("list_ten_pow_5000", {"token_ids": [1, 10**5000]}, ValueError, "token_ids[1] = an int of"),
+    ("list_minus_ten_pow_5000", {"token_ids": [-(10**5000)]}, ValueError, "token_ids[0]"),
 ]
 
 
@@ -86,6 +100,9 @@ CONTROL_CASES = [
     *_int_control_cases("seed", zero_ok=True),
     ("seed_two_pow_32", {"seed": 2**32}, ValueError, "seed"),
     ("seed_huge", {"seed": 2**70}, ValueError, "seed"),
+    ("seed_ten_pow_5000", {"seed": 10**5000}, ValueError, "seed must be at most"),
+    ("block_minus_ten_pow_5000", {"block": -(10**5000)}, ValueError, "block must be positive"),
+    ("epochs_minus_ten_pow_5000", {"epochs": -(10**5000)}, ValueError, "epochs must be"),
     ("shuffle_string", {"shuffle": "false"}, TypeError, "shuffle"),
     ("shuffle_int", {"shuffle": 1}, TypeError, "shuffle"),
     ("shuffle_none", {"shuffle": None}, TypeError, "shuffle"),

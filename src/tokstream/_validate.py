@@ -39,6 +39,20 @@ SCAN_CHUNK = 1 << 20
 # Scalar controls
 
 
+def shown(value: int) -> str:
+    """``value`` for an error message.
+
+    Python refuses to print an int of more than ``sys.get_int_max_str_digits()`` digits (4300 by
+    default) and raises its own ValueError instead, which would hide the message naming the
+    argument; such an int is described by its size.
+    """
+    try:
+        return repr(value)
+    except ValueError:
+        sign = "a negative" if value < 0 else "an"
+        return f"{sign} int of {value.bit_length()} bits"
+
+
 def exact_int(value: Any, name: str) -> int:
     """Return ``value`` as a plain ``int``; reject bools, non-numbers and inexact floats.
 
@@ -63,7 +77,7 @@ def positive_int(value: Any, name: str) -> int:
     """An exact int >= 1 (``block`` and ``batch_size`` have no zero-work case)."""
     as_int = exact_int(value, name)
     if as_int <= 0:
-        raise ValueError(f"{name} must be positive, got {as_int}")
+        raise ValueError(f"{name} must be positive, got {shown(as_int)}")
     return as_int
 
 
@@ -71,7 +85,7 @@ def nonnegative_int(value: Any, name: str) -> int:
     """An exact int >= 0 (``epochs=0`` is an explicit no-op)."""
     as_int = exact_int(value, name)
     if as_int < 0:
-        raise ValueError(f"{name} must be nonnegative, got {as_int}")
+        raise ValueError(f"{name} must be nonnegative, got {shown(as_int)}")
     return as_int
 
 
@@ -79,7 +93,9 @@ def seed_int(value: Any, name: str = "seed") -> int:
     """An exact int in ``[0, 2**32)``, the range ``numpy.random.RandomState`` accepts."""
     as_int = nonnegative_int(value, name)
     if as_int > SEED_MAX:
-        raise ValueError(f"{name} must be at most 2**32 - 1 = {SEED_MAX}, got {as_int}")
+        raise ValueError(
+            f"{name} must be at most 2**32 - 1 = {SEED_MAX}, got {shown(as_int)}"
+        )
     return as_int
 
 
@@ -107,8 +123,9 @@ def integer_dtype(dtype: Any, name: str) -> np.dtype:
     """
     try:
         as_dtype = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer dtype, got {dtype!r}") from None
+    except (TypeError, ValueError) as exc:
+        # ValueError: a malformed tuple such as ("i4", "x") ("invalid shape in fixed-type tuple").
+        raise TypeError(f"{name} must be an integer dtype, got {dtype!r} ({exc})") from None
     if as_dtype.kind not in "iu":
         raise TypeError(f"{name} must be an integer dtype, got {as_dtype}")
     return as_dtype
@@ -160,11 +177,30 @@ def _sequence_to_array(token_ids: Any, name: str) -> np.ndarray:
     the int, and ``[True, 5]`` quietly becomes ``[1, 5]``. A flat list or tuple is therefore
     checked element by element; other array-likes go through ``np.asarray`` and the array rules.
     """
+    is_list = isinstance(token_ids, (list, tuple))
     try:
         ids = np.asarray(token_ids)
+    except MemoryError:
+        raise
     except (OverflowError, ValueError) as exc:
-        raise ValueError(f"{name} could not be read as a 1-D array of token ids: {exc}") from None
-    if not isinstance(token_ids, (list, tuple)) or ids.ndim != 1:
+        if is_list:  # ragged, or an int too wide for any dtype: the right kind, a wrong value
+            raise ValueError(
+                f"{name} could not be read as a 1-D array of token ids: {exc}"
+            ) from None
+        raise _unconvertible(token_ids, name, exc) from None
+    except Exception as exc:  # an __array__ or buffer that raises: not token ids as given
+        raise _unconvertible(token_ids, name, exc) from None
+    if ids.ndim == 0 and ids.dtype.kind in "OSUV":
+        # A str, bytes, generator, set, None...: NumPy wraps it whole in a 0-d array, which is
+        # not a wrong shape but the wrong kind of thing.
+        hint = ""
+        if isinstance(token_ids, Iterator):
+            hint = "; an iterator has no length: pass list(it) or np.fromiter(it, np.int64)"
+        raise TypeError(
+            f"{name} must be a sequence or array of token ids, got "
+            f"{type(token_ids).__name__}{hint}"
+        )
+    if not is_list or ids.ndim != 1:
         return ids
     if ids.dtype.kind in "iu" and ids.dtype != np.uint64:
         for i, value in enumerate(token_ids):
@@ -174,6 +210,16 @@ def _sequence_to_array(token_ids: Any, name: str) -> np.ndarray:
     return _checked_python_ints(token_ids, name)
 
 
+def _unconvertible(token_ids: Any, name: str, error: Exception) -> TypeError:
+    hint = ""
+    if getattr(token_ids, "requires_grad", False):
+        hint = "; it requires grad: pass .detach()"
+    return TypeError(
+        f"{name} ({type(token_ids).__name__}) could not be converted to a NumPy array: "
+        f"{type(error).__name__}: {error}{hint}"
+    )
+
+
 def _checked_python_ints(values: Any, name: str) -> np.ndarray:
     out = np.empty(len(values), dtype=np.int64)
     for i, value in enumerate(values):
@@ -181,7 +227,7 @@ def _checked_python_ints(values: Any, name: str) -> np.ndarray:
         # (a RuntimeWarning), and float() would round a longdouble 2**63 - 1 up.
         as_int = exact_int(value, f"{name}[{i}]")
         if not INT64_MIN <= as_int <= INT64_MAX:
-            raise ValueError(f"{name}[{i}] = {value!r} is outside the int64 range")
+            raise ValueError(f"{name}[{i}] = {shown(as_int)} is outside the int64 range")
         out[i] = as_int
     return out
 

@@ -4,7 +4,6 @@ import numpy as np
 import numpy.typing as npt
 
 DEBUG_BUILD: bool
-PREFETCH_BYTES: int
 
 def gather_windows(
     tokens: npt.NDArray[np.integer],  # const token_t[::1], any of the 8 fixed-width int dtypes
@@ -13,7 +12,7 @@ def gather_windows(
     next_tokens: npt.NDArray[np.int64] | None = ...,  # int64_t[::1], shape (b,)
     targets: npt.NDArray[np.int64] | None = ...,  # int64_t[:, ::1], shape (b, block)
     rows: npt.NDArray[np.int64] | None = ...,  # const int64_t[:]
-    prefetch: bool = ...,  # bint
+    prefetch: int = ...,  # Py_ssize_t, windows ahead; 0: none
 ) -> None: ...
 def permuted_positions(
     out: npt.NDArray[np.int64],  # int64_t[::1]

@@ -15,16 +15,10 @@ cdef extern from *:
     #ifndef TOKSTREAM_DEBUG
     #define TOKSTREAM_DEBUG 0
     #endif
-    #if defined(__GNUC__) || defined(__clang__)
-    #define TOKSTREAM_PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 0)
-    #else
-    #define TOKSTREAM_PREFETCH(p) ((void)(p))
-    #endif
-    static inline uint64_t tokstream_mulhi64(uint64_t a, uint64_t b) {
-        return (uint64_t)(((unsigned __int128)a * b) >> 64);
-    }
     """
     const bint TOKSTREAM_DEBUG
+
+cdef extern from "_portable.h":
     void TOKSTREAM_PREFETCH(const void *p) noexcept nogil
     uint64_t tokstream_mulhi64(uint64_t a, uint64_t b) noexcept nogil
 
@@ -42,16 +36,7 @@ ctypedef fused token_t:
 DEBUG_BUILD = bool(TOKSTREAM_DEBUG)
 
 cdef enum:
-    # The gather loop asks the CPU to load the window that starts this many bytes of window
-    # data ahead of the one it copies (every cache line of it, since the hardware prefetcher
-    # stops at each 4 KiB page), but never more than _PREFETCH_MAX_WINDOWS ahead: enough
-    # misses in flight to hide DRAM latency, few enough to stay in L1/L2 until used.
-    _PREFETCH_BYTES = 8192
-    _PREFETCH_MAX_WINDOWS = 64
     _CACHE_LINE = 64
-
-#: Bytes of window data the gather loop prefetches ahead of the window it copies.
-PREFETCH_BYTES = _PREFETCH_BYTES
 
 # ---------------------------------------------------------------------------------------------
 # Window gather
@@ -67,16 +52,18 @@ def gather_windows(
     int64_t[::1] next_tokens=None,
     int64_t[:, ::1] targets=None,
     const int64_t[:] rows=None,
-    bint prefetch=True,
+    Py_ssize_t prefetch=0,
 ):
-    """gather_windows(const token_t[::1] tokens, const int64_t[:] starts, int64_t[:, ::1] windows, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, const int64_t[:] rows=None, bint prefetch=True)
+    """gather_windows(const token_t[::1] tokens, const int64_t[:] starts, int64_t[:, ::1] windows, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, const int64_t[:] rows=None, Py_ssize_t prefetch=0)
 
     Copy window ``i`` (``tokens[starts[i] : starts[i] + block]``) into row ``rows[i]``.
 
     ``block`` is ``windows.shape[1]``. With ``next_tokens`` the token after each window goes to
     ``next_tokens[row]``; with ``targets`` the window shifted by one token goes to
     ``targets[row]``; exactly one of the two is given. ``rows`` defaults to ``0, 1, 2, ...``.
-    ``prefetch=False`` skips the software prefetch, for consecutive windows.
+    With ``prefetch=d > 0`` every cache line of window ``i + d`` is prefetched before window
+    ``i`` is copied (:func:`tokstream.corpus.prefetch_distance` chooses ``d``); 0 skips the
+    software prefetch, for consecutive windows, which the hardware prefetcher already streams.
 
     The caller guarantees ``0 <= starts[i]`` and ``starts[i] + block < len(tokens)``, that every
     row index is below ``windows.shape[0]``, and that the target buffer has the matching shape.
@@ -85,17 +72,14 @@ def gather_windows(
     cdef Py_ssize_t block = windows.shape[1]
     cdef bint shifted = targets is not None
     cdef bint indirect = rows is not None
-    cdef Py_ssize_t window_bytes = (block + 1) * <Py_ssize_t>sizeof(token_t)
-    cdef Py_ssize_t distance = max(1, min(<Py_ssize_t>_PREFETCH_MAX_WINDOWS,
-                                          _PREFETCH_BYTES // window_bytes))
     cdef Py_ssize_t line_tokens = max(1, _CACHE_LINE // <Py_ssize_t>sizeof(token_t))
     cdef Py_ssize_t i, j, row, start, ahead
     with nogil:
         for i in range(count):
-            if prefetch and i + distance < count:
-                # starts[i + distance] is a validated window start, so every address from
+            if prefetch > 0 and prefetch < count - i:
+                # starts[i + prefetch] is a validated window start, so every address from
                 # tokens[ahead] to tokens[ahead + block] lies inside ``tokens``.
-                ahead = starts[i + distance]
+                ahead = starts[i + prefetch]
                 j = 0
                 while j < block:
                     TOKSTREAM_PREFETCH(&tokens[ahead + j])

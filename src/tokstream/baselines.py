@@ -18,6 +18,10 @@ window (its ``len()`` is the batch's window count):
     Yields ``(buffer,)``: a reused ``(b,)`` buffer in the corpus dtype filled by ``np.take`` with
     the batch's window starts, i.e. the first token of every window. At small blocks a window
     is one or two random cache lines, so windows/s cannot beat this rate by much.
+``c_loop``
+    Yields ``(windows, next_tokens)``, the fast path's batches, from one reused pair of buffers
+    filled by a plain C loop (one ``memcpy`` per int64 window) at the software-prefetch distance
+    that is fastest on this machine: the single-thread random-window limit.
 
 :data:`PATH_LABELS` names the paths in tables and plots; :data:`RATIOS` and :func:`ratio` are the
 figures every report derives from them; :func:`check_identical` is the first-batch check that must
@@ -31,6 +35,7 @@ Arguments are validated by the same rules as the stream (``tokstream._validate``
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
@@ -38,7 +43,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tokstream import _validate
+from tokstream import _baseline_loop, _validate
 from tokstream import reference as _reference
 from tokstream.stream import stream_token_source as _fast
 
@@ -48,9 +53,12 @@ __all__ = [
     "LIMITS",
     "LOADERS",
     "PATHS",
+    "C_LOOP_DISTANCES",
     "PATH_LABELS",
     "RATIOS",
+    "best_c_loop_distance",
     "best_numpy",
+    "c_loop",
     "check_identical",
     "consume",
     "copy_limit",
@@ -75,13 +83,13 @@ def _prepare(
     return ids, block, batch_size, epochs, shuffle, seed
 
 
-def _epoch_orders(
-    num_windows: int, epochs: int, shuffle: bool, seed: int
+def _batch_starts(
+    num_windows: int, batch_size: int, epochs: int, shuffle: bool, seed: int
 ) -> Iterator[np.ndarray]:
-    """The reference's window order, one array per epoch, drawn lazily from one generator."""
-    rng = np.random.RandomState(seed)
-    for _ in range(epochs):
-        yield rng.permutation(num_windows) if shuffle else np.arange(num_windows)
+    """The reference's batches of window starts, from a ``RandomState(seed)`` of their own."""
+    return _reference.batch_starts(
+        num_windows, batch_size, epochs, shuffle, np.random.RandomState(seed)
+    )
 
 
 def reference(
@@ -138,14 +146,11 @@ def best_numpy(
 def _best_numpy(
     ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool, seed: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    num_windows = ids.shape[0] - block
-    if num_windows <= 0:
+    if block > ids.shape[0]:  # no window, no batch; sliding_window_view would refuse the block
         return
     windows_view = sliding_window_view(ids, block)
-    for order in _epoch_orders(num_windows, epochs, shuffle, seed):
-        for k in range(0, num_windows, batch_size):
-            starts = order[k : k + batch_size]
-            yield windows_view[starts], ids[starts + block]
+    for starts in _batch_starts(ids.shape[0] - block, batch_size, epochs, shuffle, seed):
+        yield windows_view[starts], ids[starts + block]
 
 
 def torch_available() -> bool:
@@ -179,17 +184,12 @@ def _nanogpt(
     torch: Any, ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool,
     seed: int,
 ) -> Iterator[tuple[Any, Any]]:
-    num_windows = ids.shape[0] - block
-    if num_windows <= 0:
-        return
-    for order in _epoch_orders(num_windows, epochs, shuffle, seed):
-        for k in range(0, num_windows, batch_size):
-            starts = order[k : k + batch_size]
-            windows = torch.stack(
-                [torch.from_numpy(ids[i : i + block].astype(np.int64, copy=False)) for i in starts]
-            )
-            next_tokens = torch.from_numpy(ids[starts + block].astype(np.int64, copy=False))
-            yield windows, next_tokens
+    for starts in _batch_starts(ids.shape[0] - block, batch_size, epochs, shuffle, seed):
+        windows = torch.stack(
+            [torch.from_numpy(ids[i : i + block].astype(np.int64, copy=False)) for i in starts]
+        )
+        next_tokens = torch.from_numpy(ids[starts + block].astype(np.int64, copy=False))
+        yield windows, next_tokens
 
 
 def copy_limit(
@@ -273,15 +273,78 @@ def _gather_limit(
     ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool, seed: int
 ) -> Iterator[tuple[np.ndarray]]:
     num_windows = ids.shape[0] - block
-    if num_windows <= 0:
-        return
-    full = np.empty(batch_size, dtype=ids.dtype)
-    for order in _epoch_orders(num_windows, epochs, shuffle, seed):
-        for k in range(0, num_windows, batch_size):
-            starts = order[k : k + batch_size]
-            out = full[: starts.shape[0]]
-            np.take(ids, starts, out=out)
-            yield (out,)
+    full = np.empty(max(min(batch_size, num_windows), 0), dtype=ids.dtype)  # the largest batch
+    for starts in _batch_starts(num_windows, batch_size, epochs, shuffle, seed):
+        out = full[: starts.shape[0]]
+        np.take(ids, starts, out=out)
+        yield (out,)
+
+
+#: Software-prefetch distances (windows ahead) :func:`c_loop` tries; 0 is no prefetch.
+C_LOOP_DISTANCES = (0, 1, 2, 4, 8, 16, 32, 64)
+
+
+def c_loop(
+    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    seed: int = 0, distance: int | None = None,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The fast path's batches copied by a plain C loop: the random-window limit of one thread.
+
+    Per window one ``memcpy`` (a widening loop for dtypes other than int64) into one reused
+    ``(b, block)`` buffer, the next token into a reused ``(b,)`` one, after a software prefetch
+    of every cache line of the window ``distance`` windows ahead. With ``distance=None`` the
+    loop first tries every distance of :data:`C_LOOP_DISTANCES` on random windows of this
+    corpus and shape (best of 3 rounds each, about 2M tokens a round) and keeps the fastest;
+    that calibration runs when the first batch is requested, which benchmarks leave untimed.
+
+    >>> [w.tolist() for w, _ in c_loop([5, 6, 7, 8], 2, 2, shuffle=False, distance=0)]
+    [[[5, 6], [6, 7]]]
+    """
+    ids, block, batch_size, epochs, shuffle, seed = _prepare(
+        token_ids, block, batch_size, epochs, shuffle, seed
+    )
+    if distance is not None:
+        distance = _validate.nonnegative_int(distance, "distance")
+    return _c_loop(ids, block, batch_size, epochs, shuffle, seed, distance)
+
+
+def _c_loop(
+    ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool, seed: int,
+    distance: int | None,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    num_windows = ids.shape[0] - block
+    rows = max(min(batch_size, num_windows), 0)  # the largest batch
+    windows = np.empty((rows, block), dtype=np.int64)
+    next_tokens = np.empty(rows, dtype=np.int64)
+    if distance is None and rows:
+        distance = best_c_loop_distance(ids, block, rows, seed)
+    for starts in _batch_starts(num_windows, batch_size, epochs, shuffle, seed):
+        count = starts.shape[0]
+        _baseline_loop.copy_windows(ids, starts, windows, next_tokens, distance)
+        yield windows[:count], next_tokens[:count]
+
+
+def best_c_loop_distance(ids: np.ndarray, block: int, batch_size: int, seed: int = 0) -> int:
+    """The distance of :data:`C_LOOP_DISTANCES` at which :func:`c_loop` copies fastest here.
+
+    Each distance copies the same number of random windows (about 2M tokens, 4 to 64 batches)
+    in each of 3 rounds, the distances taking turns within a round; the best round
+    counts. ``ids`` is a validated token array holding more than ``block`` tokens.
+    """
+    num_windows = ids.shape[0] - block
+    batches = min(64, max(4, -(-2_000_000 // (block * batch_size))))
+    rng = np.random.default_rng(seed)
+    windows = np.empty((batch_size, block), dtype=np.int64)
+    next_tokens = np.empty(batch_size, dtype=np.int64)
+    best = dict.fromkeys(C_LOOP_DISTANCES, 0.0)
+    for _ in range(3):
+        for distance in C_LOOP_DISTANCES:
+            starts = rng.integers(0, num_windows, size=(batches, batch_size), dtype=np.int64)
+            started = time.perf_counter()
+            for batch in starts:
+                _baseline_loop.copy_windows(ids, batch, windows, next_tokens, distance)
+            best[distance] = max(best[distance], 1.0 / (time.perf_counter() - started))
+    return max(best, key=best.__getitem__)
 
 
 def epochs_for(num_tokens: int, block: int, batch_size: int, batches: int) -> int:
@@ -317,8 +380,13 @@ LOADERS: dict[str, Path] = {
     "fast_reuse": fast_reuse,
 }
 
-#: The ceilings: same tokens moved (``copy_limit``) or same windows touched (``gather_limit``).
-LIMITS: dict[str, Path] = {"copy_limit": copy_limit, "gather_limit": gather_limit}
+#: The ceilings: same tokens moved (``copy_limit``), same windows touched (``gather_limit``), same
+#: windows copied by a plain C loop (``c_loop``).
+LIMITS: dict[str, Path] = {
+    "copy_limit": copy_limit,
+    "gather_limit": gather_limit,
+    "c_loop": c_loop,
+}
 
 PATHS: dict[str, Path] = {**LOADERS, **LIMITS}
 
@@ -331,6 +399,7 @@ PATH_LABELS = {
     "fast_reuse": "fast (reuse)",
     "copy_limit": "copy limit",
     "gather_limit": "gather limit",
+    "c_loop": "C loop",
 }
 #: Ratios reported for each shape: (numerator, denominator, table label). The gather limit
 #: counts windows, so the ratio to it compares windows per second.
@@ -341,6 +410,7 @@ RATIOS = (
     ("fast", "copy_limit", "fast/copy"),
     ("fast_reuse", "copy_limit", "reuse/copy"),
     ("fast", "gather_limit", "fast win/gather"),
+    ("fast", "c_loop", "fast/C loop"),
 )
 
 

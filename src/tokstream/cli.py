@@ -281,11 +281,11 @@ def cmd_tokenize(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> in
         progress=lambda message, final: progress.update(message, final=final),
     )
     progress.done()
-    resumed = f" ({result.resumed_documents:,} documents kept from an earlier run)"
+    kept = result.resumed_documents
     print(
         f"wrote {result.output}: {result.shards} {args.format} shards, {result.dtype}, "
         f"{result.tokens:,} tokens in {result.documents:,} documents"
-        + (resumed if result.resumed_documents else ""),
+        + (f" ({kept:,} documents kept from an earlier run)" if kept else ""),
         file=stdout,
     )
     return 0

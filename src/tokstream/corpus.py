@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
+from tokstream._filemap import FileMap
 from tokstream._windows import gather_windows
 
 
@@ -111,16 +112,17 @@ class Corpus:
         """How many ``(block + 1)``-token windows the corpus holds."""
         return int(self.window_offsets(block)[-1])
 
-    def memory_maps(self) -> Iterator[mmap.mmap]:
-        """The distinct ``mmap.mmap`` objects the shards are views of (none for in-RAM arrays).
+    def memory_maps(self) -> Iterator[mmap.mmap | FileMap]:
+        """The distinct mappings the shards are views of (none for in-RAM arrays).
 
         Found by following each shard's ``.base`` chain, which ends at the ``mmap.mmap`` for a
-        ``np.memmap``, for ``np.load(..., mmap_mode=...)`` and for views of either.
+        ``np.memmap``, for ``np.load(..., mmap_mode=...)`` and for views of either, and at the
+        :class:`~tokstream._filemap.FileMap` for a file :func:`tokstream.open_tokens` opened.
         """
         seen: set[int] = set()
         for shard in self.shards:
             base: Any = shard
-            while base is not None and not isinstance(base, mmap.mmap):
+            while base is not None and not isinstance(base, (mmap.mmap, FileMap)):
                 base = getattr(base, "base", None)
             if base is not None and id(base) not in seen and not base.closed:
                 seen.add(id(base))
@@ -152,6 +154,31 @@ class Corpus:
 
 
 
+#: The kernel prefetches about this many bytes of window data ahead of the window it copies,
+#: and at most this many windows ahead (see :func:`prefetch_distance`).
+PREFETCH_BYTES = 2048
+PREFETCH_MAX_WINDOWS = 32
+
+
+def prefetch_distance(block: int, dtype: np.dtype) -> int:
+    """How many windows ahead of the one it copies the kernel prefetches, for a random order.
+
+    Found by sweeping distances 0-64 over block 8-3072, int64 and uint16 corpora in and beyond
+    the last-level cache (``benchmarks/prefetch_sweep.py``): the best distance keeps about
+    ``PREFETCH_BYTES`` (32 cache lines) of window data in flight, e.g. 28 windows of 8 int64
+    tokens, 7 of 128 uint16 tokens, one of 1024 uint16 tokens. Longer windows are better off
+    without: the hardware prefetcher streams each after its first lines, and the extra
+    instructions cost up to 3x. int64 windows are copied by ``memcpy``, which keeps enough loads
+    in flight by itself beyond 3 cache lines; the widening copy of narrower dtypes gains from
+    prefetch up to 33 lines (a 2 KiB window).
+    """
+    window_bytes = (block + 1) * dtype.itemsize
+    largest = 3 * 64 if dtype == np.int64 else 33 * 64
+    if window_bytes > largest:
+        return 0
+    return max(1, min(PREFETCH_MAX_WINDOWS, PREFETCH_BYTES // window_bytes))
+
+
 class WindowGather:
     """Copies windows, given by global window index, out of a corpus for a fixed ``block``.
 
@@ -165,6 +192,8 @@ class WindowGather:
         self.corpus = corpus
         self.block = block
         self.prefetch = prefetch
+        # Windows ahead the kernel prefetches (0: none).
+        self._prefetch = prefetch_distance(block, corpus.dtype) if prefetch else 0
         self.offsets = corpus.window_offsets(block)
         self.num_windows = int(self.offsets[-1])
         self._single = corpus.shards[0] if len(corpus.shards) == 1 else None
@@ -183,7 +212,7 @@ class WindowGather:
         if self._single is not None:
             # A window index w < len - block is also its start position, so start + block is a
             # valid token index.
-            self._kernel(self._single, starts, windows, next_tokens, targets, None, self.prefetch)
+            self._kernel(self._single, starts, windows, next_tokens, targets, None, self._prefetch)
             return
         shard_of = np.searchsorted(self.offsets, starts, side="right") - 1
         order = np.argsort(shard_of, kind="stable")
@@ -196,5 +225,5 @@ class WindowGather:
             local_starts = starts[group] - self.offsets[shard]
             self._kernel(
                 self.corpus.shards[shard], local_starts, windows, next_tokens, targets, group,
-                self.prefetch,
+                self._prefetch,
             )

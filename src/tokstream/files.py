@@ -22,7 +22,10 @@ module of :mod:`tokstream.formats` knows one layout; this module detects, dispat
 
 Every corpus :func:`open_tokens` returns is read-only and backed by memory maps (or, for an
 in-memory Arrow table, by its buffers): opening reads headers and indexes and, for uint64 tokens,
-scans the values in bounded chunks; the tokens are paged in only when a window touches them.
+scans the values in bounded chunks; the tokens are paged in only when a window touches them. A
+mapping keeps no file descriptor open (:mod:`tokstream._filemap`), so a corpus of thousands of
+shards opens under ``ulimit -n 1024``, and pickling it (for spawned DataLoader workers) sends each
+file's name, not its tokens.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import numpy as np
 from tokstream import _validate
 from tokstream.corpus import Corpus
 from tokstream.formats import arrow, detect, llmc, megatron, npy, raw, tokenized
-from tokstream.formats._common import PathLike, Shard, atomic_writer, existing_file
+from tokstream.formats._common import PathLike, Shard, atomic_writer, existing_file, output_path
 from tokstream.formats.writer import TokenFileWriter
 
 
@@ -99,7 +102,8 @@ def detect_format(path: PathLike) -> str:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"token file path must be a str or os.PathLike, got {type(path).__name__}")
     path = Path(path)
-    if path.is_dir():
+    # os.path, not Path: a name too long for the file system is existing_file's error to give.
+    if os.path.isdir(path):
         if tokenized.is_directory(path):
             return tokenized.load(path)["format"]
         if (path / arrow.STATE_FILE).is_file() or (path / arrow.DATASET_DICT_FILE).is_file():
@@ -108,7 +112,7 @@ def detect_format(path: PathLike) -> str:
             f"token file {path} is a directory (neither a `tokstream tokenize` output nor a "
             f"save_to_disk dataset); pass a pattern such as '{path}/*.bin'"
         )
-    if not path.exists() and megatron.is_index(megatron.paths(path)[0]):
+    if not os.path.exists(path) and megatron.is_index(megatron.paths(path)[0]):
         return "megatron"
     return detect.sniff(existing_file(path))
 
@@ -245,7 +249,7 @@ def _resolve_paths(spec: Any) -> list[Path]:
 
 
 def _open_one(path: Path, want: np.dtype | None, format: str | None, column: str) -> list[Shard]:
-    if path.is_dir() and tokenized.is_directory(path):
+    if os.path.isdir(path) and tokenized.is_directory(path):
         shards = tokenized.read(path)
         found = tokenized.load(path)["format"]
         if format is not None and format != found:
@@ -270,7 +274,7 @@ def _open_one(path: Path, want: np.dtype | None, format: str | None, column: str
             )
         return [megatron.read(path)]
     if format == "arrow":
-        if path.is_dir():
+        if os.path.isdir(path):
             return arrow.read_directory(path, column)
         return arrow.read_file(path, column)
     if format == "npy":
@@ -324,8 +328,13 @@ def write_tokens(path: PathLike, ids: Any, format: str = "npy", dtype: Any = Non
         ``"arrow"`` without pyarrow.
     ValueError
         An unknown format; a dtype the format cannot store; ids that do not fit the dtype; more
-        tokens than llm.c's int32 count.
+        tokens than llm.c's int32 count; a path that names no file (``""``, a directory) or
+        holds a name longer than the file system allows.
+    OSError
+        A file cannot be written or renamed into place (the message names it, and the temporary
+        file is removed).
     """
+    path = output_path(path)
     _validate.choice(format, "format", FORMATS)
     arrays, offsets = _tokens_and_documents(ids)
     bounds = [b for b in (_validate.value_range(a) for a in arrays) if b is not None]
@@ -340,15 +349,15 @@ def write_tokens(path: PathLike, ids: Any, format: str = "npy", dtype: Any = Non
     if format == "arrow":
         arrow.require()
         tokens = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-        with atomic_writer(Path(path)) as f:
+        with atomic_writer(path) as f:
             arrow.write(f, tokens, offsets, stored)
-        return Path(path)
+        return path
     with TokenFileWriter(path, format, stored) as writer:
         for array in arrays:
             for chunk in _validate.chunks(array):
                 writer.write(chunk)
         writer.document_offsets = offsets
-    return megatron.prefix(path) if format == "megatron" else Path(path)
+    return megatron.prefix(path) if format == "megatron" else path
 
 
 def _tokens_and_documents(ids: Any) -> tuple[list[np.ndarray], np.ndarray | None]:

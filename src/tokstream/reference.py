@@ -42,12 +42,27 @@ def _batches(
     ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool,
     rng: np.random.RandomState,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    n = len(ids) - block
-    if n <= 0:
+    for starts in batch_starts(len(ids) - block, batch_size, epochs, shuffle, rng):
+        windows = np.stack([ids[i : i + block] for i in starts])
+        yield windows, ids[starts + block]
+
+
+def batch_starts(
+    num_windows: int, batch_size: int, epochs: int, shuffle: bool, rng: np.random.RandomState
+) -> Iterator[np.ndarray]:
+    """The window starts of each batch, epoch after epoch, in the reference's order.
+
+    Each epoch draws ``rng.permutation(num_windows)`` (or takes ``arange`` unshuffled) when its
+    first batch is requested, and cuts it into consecutive slices of ``batch_size`` (the last one
+    shorter). Nothing is yielded when no window fits (``num_windows <= 0``). Every path that must
+    match the reference batch for batch (the baselines) walks this one loop.
+
+    >>> [s.tolist() for s in batch_starts(5, 2, 1, False, np.random.RandomState(0))]
+    [[0, 1], [2, 3], [4]]
+    """
+    if num_windows <= 0:
         return
     for _ in range(epochs):
-        order = rng.permutation(n) if shuffle else np.arange(n)
-        for k in range(0, n, batch_size):
-            idx = order[k : k + batch_size]
-            windows = np.stack([ids[i : i + block] for i in idx])
-            yield windows, ids[idx + block]
+        order = rng.permutation(num_windows) if shuffle else np.arange(num_windows)
+        for k in range(0, num_windows, batch_size):
+            yield order[k : k + batch_size]

@@ -18,20 +18,19 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import gzip
-import hashlib
-import json
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from tokstream import _validate, files
-from tokstream.formats import arrow, tokenized
+from tokstream._text_inputs import expand_inputs, read_documents
+from tokstream._tokenizers import Encoder, encode_batch, start_worker
+from tokstream.formats import tokenized
 from tokstream.formats.writer import STREAMED, TokenFileWriter
 
 FORMATS = STREAMED
@@ -43,251 +42,6 @@ BATCH_CHARS = 4 << 20
 
 #: Called with a one-line status, and whether it marks a milestone (a shard written).
 Progress = Callable[[str, bool], None]
-
-
-# ---------------------------------------------------------------------------------------------
-# Tokenizers
-
-
-class Encoder:
-    """A tokenizer loaded from its spec: a ``tokenizers`` JSON file or a tiktoken encoding name.
-
-    Only the spec crosses into worker processes; each loads the tokenizer once.
-    """
-
-    def __init__(self, spec: str) -> None:
-        self.spec = spec
-        path = Path(spec)
-        if path.is_file():
-            self._load_tokenizers_json(path)
-        elif os.sep in spec or spec.endswith(".json"):
-            raise FileNotFoundError(2, "tokenizer file not found", spec)
-        else:
-            self._load_tiktoken(spec)
-
-    def _load_tokenizers_json(self, path: Path) -> None:
-        try:
-            import tokenizers
-        except ImportError:
-            raise ImportError(
-                "a tokenizers JSON file needs the tokenizers package: "
-                "pip install 'tokstream[tokenize]'"
-            ) from None
-        try:
-            tokenizer = tokenizers.Tokenizer.from_file(os.fspath(path))
-        except Exception as exc:  # the Rust side raises plain Exceptions
-            raise ValueError(f"tokenizer {path}: not a tokenizers JSON file: {exc}") from None
-        self.fingerprint = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
-        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        self.token_to_id = tokenizer.token_to_id
-        self._encode = lambda texts: [e.ids for e in tokenizer.encode_batch(texts)]
-
-    def _load_tiktoken(self, name: str) -> None:
-        try:
-            import tiktoken
-            import tiktoken.load
-        except ImportError:
-            raise ImportError(
-                f"tokenizer {name!r} is no file; as a tiktoken encoding name it needs tiktoken "
-                "(pip install tiktoken) with the encoding in its local cache"
-            ) from None
-
-        def refuse_download(location: str) -> bytes:
-            raise ValueError(
-                f"tiktoken encoding {name!r} is not in tiktoken's local cache (it would be "
-                f"fetched from {location}); tokstream never downloads: put the file in "
-                "TIKTOKEN_CACHE_DIR, or pass a tokenizers JSON file"
-            )
-
-        with _patched(tiktoken.load, "read_file", refuse_download):
-            try:
-                encoding = tiktoken.get_encoding(name)
-            except ValueError as exc:
-                if "tiktoken's local cache" in str(exc):
-                    raise
-                raise ValueError(f"tokenizer {name!r}: no such file or tiktoken encoding") from None
-        self.fingerprint = f"tiktoken:{name}"
-        self.vocab_size = encoding.n_vocab
-
-        def token_to_id(text: str) -> int | None:
-            try:
-                return encoding.encode_single_token(text)
-            except KeyError:
-                return None
-
-        self.token_to_id = token_to_id
-        self._encode = encoding.encode_ordinary_batch
-
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """The ids of each text (``tokenizer.encode(text).ids`` for a tokenizers file)."""
-        return self._encode(texts)
-
-    def eos_id(self, eos: int | str | None) -> int | None:
-        """``eos`` as a token id: an id is checked against the vocabulary, a text looked up."""
-        if eos is None:
-            return None
-        if isinstance(eos, str):
-            found = self.token_to_id(eos)
-            if found is None:
-                raise ValueError(
-                    f"tokenizer {self.spec}: no token {eos!r} to end documents with; pass the "
-                    "eos token's text or id (--eos), or none (--no-eos)"
-                )
-            return int(found)
-        eos = _validate.exact_int(eos, "eos")
-        if not 0 <= eos < self.vocab_size:
-            raise ValueError(f"eos id {eos} is outside the vocabulary [0, {self.vocab_size})")
-        return eos
-
-
-@contextlib.contextmanager
-def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
-    original = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
-
-
-_worker_encoder: Encoder | None = None
-
-
-def _start_worker(spec: str) -> None:
-    global _worker_encoder
-    # One process per core already: the tokenizer's own thread pool would oversubscribe.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _worker_encoder = Encoder(spec)
-
-
-def _encode_batch(
-    texts: list[str], eos: int | None, encoder: Encoder | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """All ids of ``texts`` back to back (each followed by ``eos``) and each document's length."""
-    encoder = encoder or _worker_encoder
-    assert encoder is not None
-    encoded = encoder.encode(texts)
-    tail = [] if eos is None else [eos]
-    lengths = np.array([len(ids) + len(tail) for ids in encoded], dtype=np.int64)
-    flat = np.fromiter(
-        (i for ids in encoded for i in (*ids, *tail)), dtype=np.int64, count=int(lengths.sum())
-    )
-    return flat, lengths
-
-
-# ---------------------------------------------------------------------------------------------
-# Inputs
-
-
-def expand_inputs(inputs: Sequence[str | os.PathLike]) -> list[Path]:
-    """Each input as a file, or a pattern's sorted matches, in the order given."""
-    if isinstance(inputs, (str, os.PathLike)) or not inputs:
-        raise TypeError("inputs must be a nonempty list of paths or patterns")
-    paths = [path for item in inputs for path in files.expand_pattern(item)]
-    for path in paths:
-        if not path.is_file():
-            raise FileNotFoundError(2, "input file not found", os.fspath(path))
-    return paths
-
-
-def input_kind(path: Path) -> str:
-    """``"jsonl"``, ``"parquet"`` or ``"text"``, by the name (``.gz`` looked through)."""
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes[-1:] == [".gz"]:
-        suffixes = suffixes[:-1]
-    if suffixes[-1:] in ([".jsonl"], [".json"]):
-        return "jsonl"
-    if suffixes[-1:] == [".parquet"]:
-        return "parquet"
-    return "text"
-
-
-def read_documents(
-    path: Path, text_field: str, document_per_file: bool
-) -> Iterator[tuple[str, int]]:
-    """The documents of one input, each with the input bytes read so far."""
-    kind = input_kind(path)
-    if kind == "parquet":
-        yield from _parquet_documents(path, text_field)
-        return
-    with _open_binary(path) as f:
-        if kind == "text" and document_per_file:
-            data = f.read()
-            text = _decode(data, path, 1)
-            if text:
-                yield text, len(data)
-            return
-        done = 0
-        for number, line in enumerate(f, start=1):
-            done += len(line)
-            text = _decode(line, path, number).rstrip("\r\n")
-            if kind == "text":
-                if text:
-                    yield text, done
-            elif text.strip():
-                yield _json_text(text, path, number, text_field), done
-
-
-@contextlib.contextmanager
-def _open_binary(path: Path) -> Iterator[IO[bytes]]:
-    with open(path, "rb") as raw:
-        if path.suffix.lower() == ".gz":
-            with gzip.GzipFile(fileobj=raw) as f:
-                yield f
-        else:
-            yield raw
-
-
-def _decode(data: bytes, path: Path, line: int) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"input {path}, line {line}: not UTF-8 text: {exc}") from None
-
-
-def _json_text(line: str, path: Path, number: int, field: str) -> str:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"input {path}, line {number}: not JSON: {exc}") from None
-    if not isinstance(record, dict) or field not in record:
-        raise ValueError(f"input {path}, line {number}: no {field!r} field (--text-field)")
-    if not isinstance(record[field], str):
-        raise ValueError(
-            f"input {path}, line {number}: field {field!r} is "
-            f"{type(record[field]).__name__}, not text"
-        )
-    return record[field]
-
-
-def _parquet_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
-    pa = arrow.require()
-    import pyarrow.parquet as pq
-
-    try:
-        table_file = pq.ParquetFile(path)
-    except pa.ArrowException as exc:
-        raise ValueError(f"input {path}: unreadable Parquet: {exc}") from None
-    schema = table_file.schema_arrow
-    if field not in schema.names:
-        raise ValueError(
-            f"input {path}: no column {field!r} (its columns: {', '.join(schema.names)}); "
-            "choose one with --text-field"
-        )
-    kind = schema.field(field).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise ValueError(f"input {path}: column {field!r} is {kind}, not text")
-    rows = max(table_file.metadata.num_rows, 1)
-    size = path.stat().st_size
-    done = 0
-    for batch in table_file.iter_batches(columns=[field], batch_size=BATCH_DOCUMENTS):
-        column = batch.column(0)
-        if column.null_count:
-            raise ValueError(f"input {path}: column {field!r} has null rows")
-        for text in column.to_pylist():
-            done += 1
-            if text:
-                yield text, size * done // rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,7 +139,7 @@ def tokenize_files(
         batches = _batches(paths, text_field, document_per_file, resume)
         if workers == 1:
             encoded = (
-                (_encode_batch(texts, eos_id, encoder), end, read) for texts, end, read in batches
+                (encode_batch(texts, eos_id, encoder), end, read) for texts, end, read in batches
             )
         else:
             encoded = _in_workers(stack, tokenizer, workers, batches, eos_id)
@@ -496,13 +250,13 @@ def _in_workers(
         concurrent.futures.ProcessPoolExecutor(
             workers,
             mp_context=multiprocessing.get_context("spawn"),
-            initializer=_start_worker,
+            initializer=start_worker,
             initargs=(spec,),
         )
     )
     pending: list[tuple[concurrent.futures.Future, list[int], int]] = []
     for texts, end, read in batches:
-        pending.append((pool.submit(_encode_batch, texts, eos), end, read))
+        pending.append((pool.submit(encode_batch, texts, eos), end, read))
         if len(pending) >= 2 * workers:
             future, end, read = pending.pop(0)
             yield future.result(), end, read

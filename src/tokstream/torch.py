@@ -19,12 +19,21 @@ each worker and hands each worker its own state back through
 (``num_workers=0``) call the two methods yourself. Since the effective world is ``W * K``, a
 state resumes on any ``(W', K', batch_size')`` with ``W' * K' * batch_size' == W * K *
 batch_size`` (``StatefulDataLoader`` itself also insists on the same ``K``); every rank holds
-the same state, so saving rank 0's is enough.
+the same state, so saving rank 0's is enough. With workers, the cursors live in the workers:
+a plain ``DataLoader`` cannot collect them, so the main process' :meth:`TokenDataset.state_dict`
+refuses to answer once workers have streamed a copy of the dataset.
+
+Length. ``len(dataset)`` (and so ``len(DataLoader(dataset, batch_size=None, ...))``, which
+learning-rate schedulers use) is the number of batches one rank's DataLoader yields per
+``iter()``: pass the DataLoader's ``num_workers`` to the dataset, since ``K`` workers each stream
+a share of their own and together yield slightly more or fewer batches than one process.
 """
 
 from __future__ import annotations
 
 import copy
+import mmap
+import multiprocessing.context
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,6 +65,10 @@ class TokenDataset(IterableDataset):
 
     Each ``iter()`` is one pass over all ``epochs`` epochs, from the start or, after
     :meth:`load_state_dict`, from the loaded cursor.
+
+    ``num_workers`` is the ``num_workers`` of the DataLoader that will iterate the dataset; only
+    ``len()`` needs it, and iterating with another number of workers is then a ValueError (as it
+    is after ``len()`` counted for a number of workers the DataLoader does not run).
     """
 
     def __init__(
@@ -72,9 +85,13 @@ class TokenDataset(IterableDataset):
         world_size: int | None = None,
         drop_last: bool = False,
         permutation: str = "materialized",
+        num_workers: int | None = None,
     ) -> None:
         super().__init__()
         self.rank, self.world_size = _distributed_share(rank, world_size)
+        self.num_workers = (
+            None if num_workers is None else _validate.nonnegative_int(num_workers, "num_workers")
+        )
         self.corpus = Corpus.from_tokens(token_ids)
         self._controls = {
             "block": block,
@@ -90,6 +107,13 @@ class TokenDataset(IterableDataset):
         self._stream: TokenStream | None = None
         self._resume_state: dict[str, Any] | None = None
         self._resume_share: tuple[int, int] | None = None
+        # The number of DataLoader workers len() counted batches for (None: len() not called).
+        self._len_workers: int | None = None
+        # One byte shared with forked DataLoader workers (an anonymous MAP_SHARED mapping, which
+        # a fork shares): a worker sets it when it starts streaming, so that the main process
+        # knows its own cursor is not the one that matters. A spawned worker gets a pickled copy
+        # instead, and pickling for a new process sets it here (see __getstate__).
+        self._streamed_in_workers = mmap.mmap(-1, 1)
 
     def _new_stream(self, rank: int, world_size: int) -> TokenStream:
         return TokenStream(self.corpus, rank=rank, world_size=world_size, **self._controls)
@@ -107,7 +131,34 @@ class TokenDataset(IterableDataset):
         stream = self._new_stream(self.rank * workers, self.world_size * workers)
         return workers * len(stream)
 
+    def __len__(self) -> int:
+        """Batches one ``iter()`` yields: of this worker's stream inside a DataLoader worker;
+        else of this rank's DataLoader with ``num_workers`` workers (given to the constructor)."""
+        info = get_worker_info()
+        if info is not None:
+            return len(self._new_stream(*self._share()))
+        workers = 0 if self.num_workers is None else self.num_workers
+        self._len_workers = workers
+        return self.num_batches(workers)
+
+    def _check_workers(self) -> None:
+        info = get_worker_info()
+        workers = 0 if info is None else info.num_workers
+        expected = self.num_workers if self.num_workers is not None else self._len_workers
+        if expected is not None and expected != workers:
+            said = (
+                f"TokenDataset(num_workers={expected})"
+                if self.num_workers is not None
+                else f"len(dataset) counted the batches of num_workers={expected}"
+            )
+            raise ValueError(
+                f"{said}, but a DataLoader with num_workers={workers} iterates it; each worker "
+                f"streams a share of its own, so pass TokenDataset(..., num_workers={workers})"
+            )
+        self._streamed_in_workers[0] = info is not None
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._check_workers()
         share = self._share()
         stream = self._new_stream(*share)
         if self._resume_state is not None:
@@ -130,7 +181,20 @@ class TokenDataset(IterableDataset):
 
         After a finished pass it is the start of the next pass, which begins from the first
         epoch again (the convention of torchdata's ``StatefulDataLoader``).
+
+        Raises
+        ------
+        RuntimeError
+            Called in the main process after DataLoader workers streamed copies of this dataset:
+            the cursors are theirs, and this process' would silently be the start. torchdata's
+            ``StatefulDataLoader`` collects them (call its ``state_dict()``).
         """
+        if get_worker_info() is None and self._streamed_in_workers[0]:
+            raise RuntimeError(
+                "TokenDataset.state_dict() was called in the main process, but DataLoader "
+                "workers stream copies of this dataset and hold the cursors; use "
+                "torchdata.stateful_dataloader.StatefulDataLoader and call its state_dict()"
+            )
         if self._resume_state is not None:
             return copy.deepcopy(self._resume_state)
         stream = self._stream
@@ -153,7 +217,16 @@ class TokenDataset(IterableDataset):
         # stays behind, a loaded state travels with it.
         state = self.__dict__.copy()
         state["_stream"] = None
+        # The shared byte cannot be pickled, and a copy made for a new process (spawn or
+        # forkserver DataLoader workers) is one the main process will not see streaming.
+        state["_streamed_in_workers"] = None
+        if multiprocessing.context.get_spawning_popen() is not None:
+            self._streamed_in_workers[0] = 1
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._streamed_in_workers = mmap.mmap(-1, 1)
 
     def __repr__(self) -> str:
         return (

@@ -30,6 +30,9 @@ def read(path: Path) -> np.ndarray:
             # NumPy parses the header with tokenize and ast.literal_eval, whose errors leak out.
             raise ValueError(f"token file {path}: unreadable .npy header: {exc}") from None
         offset = f.tell()
+    if any(isinstance(length, bool) for length in shape):
+        # NumPy's header check takes a bool for an int: (True,) would map 1 token, (False,) none.
+        raise ValueError(f"token file {path}: unreadable .npy header: shape {shape} is not ints")
     if len(shape) != 1:
         raise ValueError(f"token file {path}: a .npy token file must be 1-D, it has shape {shape}")
     # Kinds, not np.issubdtype: NumPy files timedelta64 under np.integer.

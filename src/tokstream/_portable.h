@@ -1,0 +1,48 @@
+/* Compiler-specific pieces of the window kernel, each with a portable fallback.
+ *
+ * GCC and Clang get their builtins, MSVC its intrinsics, anything else plain C; defining
+ * TOKSTREAM_PORTABLE_MULHI forces the plain-C multiply (the tests compile it that way). */
+#ifndef TOKSTREAM_PORTABLE_H
+#define TOKSTREAM_PORTABLE_H
+
+#include <stdint.h>
+
+#if defined(_MSC_VER)
+#include <intrin.h>
+#endif
+
+/* Ask the CPU to start loading the cache line at p; no effect on the program's meaning. */
+#if defined(__GNUC__) || defined(__clang__)
+#define TOKSTREAM_PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 0)
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+#define TOKSTREAM_PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_NTA)
+#else
+#define TOKSTREAM_PREFETCH(p) ((void)(p))
+#endif
+
+#if defined(_MSC_VER) && !defined(__cplusplus)
+#define TOKSTREAM_INLINE static __inline
+#else
+#define TOKSTREAM_INLINE static inline
+#endif
+
+/* The high 64 bits of the 128-bit product a * b. */
+TOKSTREAM_INLINE uint64_t tokstream_mulhi64(uint64_t a, uint64_t b) {
+#if defined(__SIZEOF_INT128__) && !defined(TOKSTREAM_PORTABLE_MULHI)
+    return (uint64_t)(((unsigned __int128)a * b) >> 64);
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_ARM64)) && !defined(TOKSTREAM_PORTABLE_MULHI)
+    return __umulh(a, b);
+#else
+    /* Schoolbook on 32-bit halves: a * b = hi*2^64 + (cross terms)*2^32 + lo, carries kept. */
+    uint64_t a_lo = a & 0xFFFFFFFFu, a_hi = a >> 32;
+    uint64_t b_lo = b & 0xFFFFFFFFu, b_hi = b >> 32;
+    uint64_t lo_lo = a_lo * b_lo;
+    uint64_t hi_lo = a_hi * b_lo;
+    uint64_t lo_hi = a_lo * b_hi;
+    uint64_t hi_hi = a_hi * b_hi;
+    uint64_t middle = (lo_lo >> 32) + (hi_lo & 0xFFFFFFFFu) + lo_hi;
+    return hi_hi + (hi_lo >> 32) + (middle >> 32);
+#endif
+}
+
+#endif

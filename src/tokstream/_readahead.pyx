@@ -1,0 +1,173 @@
+"""Ask the OS to read a memory-mapped corpus' upcoming windows ahead of the gather.
+
+A shuffled stream over a file that is not in the page cache waits on one page fault at a time:
+the gather touches a window, the thread sleeps until the device returns that page, and only then
+touches the next. ``madvise(MADV_WILLNEED)`` on each upcoming window's pages starts their reads
+without waiting for them, so the device sees a whole batch of reads at once (its queue full) and
+the gather later finds the pages resident. The advice is given on the mapping's own addresses,
+so no file descriptor is needed.
+
+Before advising a batch, :func:`advise_windows` asks ``mincore`` whether a few of its windows
+are already resident; when all of them are (a corpus in the page cache), it advises nothing.
+That keeps a warm corpus from paying one system call per window.
+
+Where ``madvise`` does not exist (Windows) every function here is a harmless no-op:
+:data:`AVAILABLE` is False, nothing is advised and every page counts as resident.
+"""
+
+cimport cython
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+
+cdef extern from *:
+    """
+    #if !defined(_WIN32) && (defined(__unix__) || defined(__APPLE__))
+    #include <sys/mman.h>
+    #include <unistd.h>
+    #endif
+    #if defined(MADV_WILLNEED)
+    #define TOKSTREAM_READAHEAD 1
+    #else
+    #define TOKSTREAM_READAHEAD 0
+    #endif
+    #if TOKSTREAM_READAHEAD && (defined(__linux__) || defined(__APPLE__) || defined(__FreeBSD__))
+    #define TOKSTREAM_MINCORE 1
+    #else
+    #define TOKSTREAM_MINCORE 0
+    #endif
+
+    static size_t tokstream_page_size(void) {
+    #if TOKSTREAM_READAHEAD
+        long size = sysconf(_SC_PAGESIZE);
+        if (size > 0) return (size_t)size;
+    #endif
+        return 4096;
+    }
+
+    /* Whether the page holding p is in memory; 1 when that cannot be asked. */
+    static int tokstream_resident(const void *p, size_t page) {
+    #if TOKSTREAM_MINCORE
+        unsigned char vec[1] = {1};
+        uintptr_t first = (uintptr_t)p & ~(uintptr_t)(page - 1);
+        if (mincore((void *)first, page, (void *)vec) != 0) return 1;
+        return vec[0] & 1;
+    #else
+        (void)p; (void)page;
+        return 1;
+    #endif
+    }
+
+    /* Resident pages among the n pages from the page holding p; n when that cannot be asked. */
+    static size_t tokstream_resident_pages(const void *p, size_t n, size_t page, unsigned char *vec) {
+    #if TOKSTREAM_MINCORE
+        size_t i, count = 0;
+        uintptr_t first = (uintptr_t)p & ~(uintptr_t)(page - 1);
+        if (mincore((void *)first, n * page, (void *)vec) != 0) return n;
+        for (i = 0; i < n; i++) count += vec[i] & 1;
+        return count;
+    #else
+        (void)p; (void)page; (void)vec;
+        return n;
+    #endif
+    }
+
+    /* Start reading the pages of [p, p + len) without waiting; 1 if the OS took the advice. */
+    static int tokstream_willneed(const void *p, size_t len, size_t page) {
+    #if TOKSTREAM_READAHEAD
+        uintptr_t first = (uintptr_t)p & ~(uintptr_t)(page - 1);
+        return madvise((void *)first, (uintptr_t)p + len - first, MADV_WILLNEED) == 0;
+    #else
+        (void)p; (void)len; (void)page;
+        return 0;
+    #endif
+    }
+    """
+    const bint TOKSTREAM_READAHEAD
+    size_t tokstream_page_size() noexcept nogil
+    int tokstream_resident(const void *p, size_t page) noexcept nogil
+    size_t tokstream_resident_pages(
+        const void *p, size_t n, size_t page, unsigned char *vec) noexcept nogil
+    int tokstream_willneed(const void *p, size_t length, size_t page) noexcept nogil
+
+from libc.stdlib cimport free, malloc
+
+ctypedef fused token_t:
+    int8_t
+    int16_t
+    int32_t
+    int64_t
+    uint8_t
+    uint16_t
+    uint32_t
+    uint64_t
+
+#: True when this platform has ``madvise(MADV_WILLNEED)``; otherwise every call is a no-op.
+AVAILABLE = bool(TOKSTREAM_READAHEAD)
+
+cdef size_t _PAGE = tokstream_page_size()
+
+
+# Cython embeds the signature of a fused function's dispatcher, not this one; the docstring
+# states it instead.
+@cython.embedsignature(False)
+def advise_windows(
+    const token_t[::1] tokens, const int64_t[:] starts, Py_ssize_t span, Py_ssize_t sample
+):
+    """advise_windows(const token_t[::1] tokens, const int64_t[:] starts, Py_ssize_t span, Py_ssize_t sample) -> int
+
+    Start reading ``tokens[starts[i] : starts[i] + span]`` for every ``i``, unless it is resident.
+
+    First ``sample`` windows spread evenly over ``starts`` are checked with ``mincore``: if the
+    first page of each is resident, the batch is taken to be in memory and nothing is advised
+    (return 0). Otherwise every window's pages get ``MADV_WILLNEED`` and the number of windows
+    the OS accepted the advice for is returned. ``sample=0`` advises without checking.
+
+    Nothing is read or written through ``tokens``: only addresses are computed and handed to
+    the OS, which rejects any outside a mapping. The caller still keeps
+    ``0 <= starts[i] <= len(tokens) - span`` so that the advice lands on the corpus.
+    """
+    cdef Py_ssize_t count = starts.shape[0]
+    cdef Py_ssize_t checks = min(sample, count)
+    cdef Py_ssize_t i, advised = 0
+    cdef size_t window_bytes = <size_t>span * sizeof(token_t)
+    cdef const token_t *base
+    cdef bint cold = checks <= 0
+    if tokens.shape[0] == 0 or count == 0 or not TOKSTREAM_READAHEAD:
+        return 0
+    base = &tokens[0]
+    with nogil:
+        for i in range(checks):
+            # i * count // checks < count: an index of starts.
+            if not tokstream_resident(base + starts[i * count // checks], _PAGE):
+                cold = True
+                break
+        if cold:
+            for i in range(count):
+                advised += tokstream_willneed(base + starts[i], window_bytes, _PAGE)
+    return advised
+
+
+@cython.embedsignature(False)
+def resident_fraction(const token_t[::1] tokens):
+    """resident_fraction(const token_t[::1] tokens) -> float
+
+    The fraction of the pages under ``tokens`` that are in memory (1.0 where ``mincore`` is
+    unavailable, and for an empty array). For benchmarks and tests: did eviction or read-ahead
+    work?
+    """
+    cdef size_t nbytes = <size_t>tokens.shape[0] * sizeof(token_t)
+    cdef const token_t *base
+    cdef size_t pages, resident
+    cdef unsigned char *vec
+    if nbytes == 0:
+        return 1.0
+    base = &tokens[0]
+    pages = ((<size_t>base % _PAGE) + nbytes + _PAGE - 1) // _PAGE
+    vec = <unsigned char *>malloc(pages)
+    if vec == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            resident = tokstream_resident_pages(base, pages, _PAGE, vec)
+    finally:
+        free(vec)
+    return resident / <double>pages
