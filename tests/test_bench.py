@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 
 import numpy as np
@@ -154,3 +156,29 @@ def test_nothing_under_benchmarks_imports_the_command_line():
     for name, text in sources.items():
         assert "tokstream.cli" not in text and "import cli" not in text, name
     assert baselines.PATH_LABELS.keys() == baselines.PATHS.keys()
+
+
+def test_check_memory_passes_what_fits_and_names_the_option_of_what_does_not():
+    paths = ["fast", "reference"]
+    check = functools.partial(bench.check_memory, corpus_option="--tokens 1000")
+    # 1000 tokens: the corpus (8,000 bytes), an int64 copy, and 2 paths' int64 orders: 40,000.
+    with pytest.raises(ValueError, match=r"^--tokens 1000 needs about 0\.0 GB of memory"):
+        check(1000, 8000, [(8, 16)], paths, memory=39_999)
+    # One batch of 16 windows for each path, plus two: 4 x 16 x (9 x 8 + 1024) bytes.
+    check(1000, 8000, [(8, 16)], paths, memory=40_000 + 4 * 16 * (72 + 1024))
+    with pytest.raises(ValueError, match=r"^--batch-size 16 with --block 8 needs about"):
+        check(1000, 8000, [(8, 16)], paths, memory=40_000 + 4 * 16 * (72 + 1024) - 1)
+    # A batch holds the windows there are, not the batch size asked for.
+    with pytest.raises(ValueError, match=r"^--batch-size 10000000000 .* of 992 windows"):
+        check(1000, 8000, [(4, 2), (8, 10**10)], paths, memory=10**6)
+
+
+def test_check_memory_is_skipped_where_the_machine_does_not_say(monkeypatch):
+    monkeypatch.setattr(bench, "physical_memory", lambda: None)
+    bench.check_memory(10**15, 10**15, [(8, 10**15)], ["fast"], corpus_option="--tokens 1")
+
+
+@pytest.mark.skipif(not hasattr(os, "sysconf"), reason="the OS does not report its memory")
+def test_physical_memory_is_the_machines():
+    memory = bench.physical_memory()
+    assert memory is not None and memory > 100 << 20

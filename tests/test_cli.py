@@ -541,3 +541,58 @@ def test_convert_shows_progress_on_large_files(tmp_path, token_files, monkeypatc
     code, _, err = run("convert", str(paths["npy"]), str(tmp_path / "big.bin"))
     assert code == 0, err
     assert "ids.npy -> " in err and "100% (0 of 0 MB" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes: checked before anything is allocated; MemoryError as one line, the last resort
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--tokens", "1000000000000"], "--tokens 1000000000000 needs about"),
+        (["--batch-size", "1000000000000"], "--batch-size 1000000000000 with --block 8 needs"),
+        (["--block", "1024", "--batch-size", "10000000000"], "with --block 1024 needs about"),
+    ],
+)
+def test_bench_refuses_sizes_beyond_memory_in_one_line_before_allocating(argv, named):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        code, out, err = run("bench", *argv)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert code == 1 and out == ""
+    assert err.startswith("tokstream bench: error: ") and err.count("\n") == 1, err
+    assert named in err and "of memory" in err and "this machine has" in err
+    assert peak < 20 << 20  # nothing corpus- or batch-sized was allocated
+
+
+def test_bench_file_sizes_are_checked_too(tmp_path, monkeypatch):
+    from tokstream import bench, files
+
+    for i in range(2):
+        files.write_tokens(tmp_path / f"part_{i}.npy", np.arange(1000), format="npy")
+    monkeypatch.setattr(bench, "physical_memory", lambda: 10_000)
+    code, _, err = run("bench", "--file", str(tmp_path / "part_*.npy"), "--quiet")
+    assert code == 1 and f"--file {tmp_path / 'part_*.npy'} needs about" in err
+
+
+@pytest.mark.parametrize("command", ["bench", "convert"])
+def test_a_memory_error_is_one_line_and_exit_1(tmp_path, token_files, monkeypatch, command):
+    from tokstream import bench, files
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 7.28 TiB for an array")
+
+    monkeypatch.setattr(bench, "run_cases", out_of_memory)
+    monkeypatch.setattr(files, "write_tokens", out_of_memory)
+    _, paths = token_files
+    argv = TINY if command == "bench" else [str(paths["npy"]), str(tmp_path / "o.npy")]
+    code, out, err = run(command, *argv, "--quiet")
+    assert code == 1 and out == ""
+    assert err == (
+        f"tokstream {command}: error: out of memory: Unable to allocate 7.28 TiB for an array\n"
+    )

@@ -116,21 +116,21 @@ class InterruptedAfterDraw(np.random.RandomState):
 
     def permutation(self, n):
         order = super().permutation(n)
-        if not self.fired:
-            self.fired = True
+        if not InterruptedAfterDraw.fired:
+            InterruptedAfterDraw.fired = True
             raise KeyboardInterrupt
         return order
 
 
-def test_ctrl_c_during_the_epochs_permutation_draw_does_not_change_the_order():
+def test_ctrl_c_during_the_epochs_permutation_draw_does_not_change_the_order(monkeypatch):
     ids = np.arange(300)
+    expected = as_bytes(reference.stream_token_source(ids, 4, 50, epochs=2, seed=5))
     stream = stream_token_source(ids, 4, 50, epochs=2, seed=5)
-    interrupted = InterruptedAfterDraw()
-    interrupted.set_state(stream._rng.get_state())
-    stream._rng = interrupted
+    # Every epoch order is drawn from a generator set to the cursor's state.
+    monkeypatch.setattr(np.random, "RandomState", InterruptedAfterDraw)
     with pytest.raises(KeyboardInterrupt):
         next(stream)
-    expected = as_bytes(reference.stream_token_source(ids, 4, 50, epochs=2, seed=5))
+    assert InterruptedAfterDraw.fired
     assert as_bytes(stream) == expected
 
 

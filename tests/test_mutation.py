@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokstream import open_tokens, stream_token_source, write_tokens
+from tokstream import Corpus, open_tokens, stream_token_source, write_tokens
 
 
 @pytest.mark.parametrize("dtype", ["u2", "i4", "i8", "u8"])
@@ -65,3 +65,34 @@ def test_a_token_file_is_mapped_read_only(tmp_path):
     assert not shard.flags.writeable
     with pytest.raises(ValueError, match="read-only"):
         shard[0] = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Nothing a caller assigns can move the kernel's bounds
+
+
+def test_stream_options_and_sizes_are_read_only():
+    stream = stream_token_source(np.arange(100), 4, 8, reuse_buffers=2)
+    for name in ("block", "batch_size", "num_windows", "world_size", "rank", "reuse_buffers",
+                 "positions_per_epoch", "batches_per_epoch", "corpus", "options"):
+        with pytest.raises(AttributeError):
+            setattr(stream, name, 10**6)
+    with pytest.raises(AttributeError):
+        stream.options.block = 10**6
+    assert [w.shape for w, _ in stream][0] == (8, 4)
+
+
+def test_corpus_shards_and_lengths_are_read_only():
+    corpus = Corpus([np.arange(50), np.arange(30)])
+    with pytest.raises(AttributeError):
+        corpus.shards = (np.arange(10**6),)
+    with pytest.raises(ValueError, match="read-only"):
+        corpus.lengths[0] = 10**6
+    with pytest.raises(ValueError, match="read-only"):
+        corpus.document_boundaries[1] = 10**6
+    stream = stream_token_source(corpus, 4, 8, shuffle=False)
+    assert sum(len(w) for w, _ in stream) == 46 + 26
+
+
+def test_there_is_no_public_constructor_that_trusts_its_input():
+    assert not hasattr(Corpus, "from_validated")

@@ -9,7 +9,9 @@ message names the argument and the offending value.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -319,4 +321,120 @@ def stream_controls(
         nonnegative_int(epochs, "epochs"),
         exact_bool(shuffle, "shuffle"),
         seed_int(seed, "seed"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The validated options of a stream
+
+
+TARGETS = ("next", "shifted")
+PERMUTATIONS = ("materialized", "implicit")
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """Every option of a stream, validated once and then immutable.
+
+    The one definition of the stream's keyword arguments, their defaults and their rules: the
+    signatures of :func:`tokstream.stream_token_source`, :class:`tokstream.TokenStream` and
+    :class:`tokstream.torch.TokenDataset` are generated from it. Being frozen, nothing a caller
+    assigns later can change the sizes the kernel was promised.
+    """
+
+    block: int
+    batch_size: int
+    epochs: int = 1
+    shuffle: bool = True
+    seed: int = 0
+    targets: str = "next"
+    rank: int = 0
+    world_size: int = 1
+    drop_last: bool = False
+    permutation: str = "materialized"
+    prefetch: int = 0
+    reuse_buffers: int = 0
+
+    @classmethod
+    def create(cls, block: Any, batch_size: Any, **options: Any) -> StreamOptions:
+        """Validate ``block``, ``batch_size`` and the keyword ``options`` (unknown ones: TypeError).
+
+        The reference generator's controls are checked first and in its order, so a call both
+        paths accept or reject raises the same exception type.
+        """
+        unknown = sorted(options.keys() - KEYWORDS)
+        if unknown:
+            raise TypeError(f"got an unexpected keyword argument {unknown[0]!r}")
+        values = {**KEYWORD_DEFAULTS, **options}
+        block, batch_size, epochs, shuffle, seed = stream_controls(
+            block, batch_size, values["epochs"], values["shuffle"], values["seed"]
+        )
+        targets = choice(values["targets"], "targets", TARGETS)
+        world_size = positive_int(values["world_size"], "world_size")
+        rank = nonnegative_int(values["rank"], "rank")
+        if rank >= world_size:
+            raise ValueError(f"rank must be below world_size={world_size}, got {rank}")
+        drop_last = exact_bool(values["drop_last"], "drop_last")
+        permutation = choice(values["permutation"], "permutation", PERMUTATIONS)
+        prefetch = nonnegative_int(values["prefetch"], "prefetch")
+        reuse_buffers = nonnegative_int(values["reuse_buffers"], "reuse_buffers")
+        if reuse_buffers and prefetch and reuse_buffers < prefetch + 2:
+            raise ValueError(
+                f"reuse_buffers must be at least prefetch + 2 = {prefetch + 2} (the queued "
+                f"batches, the one being assembled and the one the caller holds), got "
+                f"{reuse_buffers}"
+            )
+        return cls(
+            block=block,
+            batch_size=batch_size,
+            epochs=epochs,
+            shuffle=shuffle,
+            seed=seed,
+            targets=targets,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+            permutation=permutation,
+            prefetch=prefetch,
+            reuse_buffers=reuse_buffers,
+        )
+
+    @property
+    def global_batch_size(self) -> int:
+        """Windows per global step, all ranks together: what an elastic resume must keep."""
+        return self.world_size * self.batch_size
+
+
+KEYWORD_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in fields(StreamOptions) if f.default is not MISSING
+}
+KEYWORDS = frozenset(KEYWORD_DEFAULTS)
+
+
+def stream_signature(
+    *leading: str, defaults: dict[str, Any] | None = None, **extra_keywords: Any
+) -> inspect.Signature:
+    """``(leading..., block, batch_size, *, <every stream keyword>)`` for ``__signature__``.
+
+    ``defaults`` overrides a keyword's default where an entry point has its own (the torch
+    adapter takes ``rank`` and ``world_size`` from the process group when they are None);
+    ``extra_keywords`` (name=default) are an entry point's own keywords beyond the stream's.
+    """
+    defaults = {**KEYWORD_DEFAULTS, **(defaults or {})}
+    types = {f.name: f.type for f in fields(StreamOptions)}
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    leading_parameters = [
+        inspect.Parameter(name, positional, annotation="Any") if name != "self"
+        else inspect.Parameter(name, positional)
+        for name in leading
+    ]
+    return inspect.Signature(
+        leading_parameters
+        + [inspect.Parameter(n, positional, annotation="int") for n in ("block", "batch_size")]
+        + [
+            inspect.Parameter(name, keyword, default=defaults[name], annotation=types[name])
+            for name in KEYWORD_DEFAULTS
+        ]
+        + [inspect.Parameter(n, keyword, default=d) for n, d in extra_keywords.items()]
     )

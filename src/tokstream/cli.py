@@ -129,14 +129,32 @@ def _check_corpus_options(args: argparse.Namespace) -> None:
         raise UsageError("--file takes at most one --dtype (the dtype of a raw token file)")
 
 
-def _bench_corpora(args: argparse.Namespace) -> tuple[list[tuple[str, np.ndarray]], str]:
+def _bench_corpora(
+    args: argparse.Namespace,
+    shapes: Sequence[tuple[int, int]],
+    paths: Sequence[str],
+    progress: _progress.Progress,
+) -> tuple[list[tuple[str, np.ndarray]], str]:
+    """The corpora to measure, once their sizes are known to fit in memory."""
     if args.file is None:
         num_tokens = DEFAULT_TOKENS if args.tokens is None else args.tokens
+        dtypes = args.dtype or ["int64"]
+        # The int64 ids, and a copy in each other dtype.
+        corpus_bytes = num_tokens * (8 + sum(np.dtype(d).itemsize for d in dtypes if d != "int64"))
+        bench.check_memory(
+            num_tokens, corpus_bytes, shapes, paths, corpus_option=f"--tokens {num_tokens}"
+        )
+        progress.update("building the corpus", final=True)
         base = bench.synthetic_corpus(num_tokens, "int64", args.seed)
-        corpora = [(dtype, base.astype(dtype, copy=False)) for dtype in args.dtype or ["int64"]]
+        corpora = [(dtype, base.astype(dtype, copy=False)) for dtype in dtypes]
         return corpora, f"synthetic corpus of {num_tokens:,} ids below {bench.VOCAB_SIZE}"
     corpus = files.open_tokens(args.file, dtype=args.dtype[0] if args.dtype else None)
     shards = corpus.shards
+    # One file is paged in from its mapping; several are concatenated into memory.
+    corpus_bytes = 0 if len(shards) == 1 else corpus.num_tokens * corpus.dtype.itemsize
+    bench.check_memory(
+        corpus.num_tokens, corpus_bytes, shapes, paths, corpus_option=f"--file {args.file}"
+    )
     ids = shards[0] if len(shards) == 1 else np.concatenate(shards)
     return [(ids.dtype.name, ids)], f"{args.file} ({ids.shape[0]:,} tokens)"
 
@@ -166,8 +184,7 @@ def cmd_bench(
     paths = _bench_paths(args, stderr)
     progress = _progress.Progress(None if args.quiet else stderr)
     started = time.perf_counter()
-    progress.update("building the corpus", final=True)
-    corpora, source = _bench_corpora(args)
+    corpora, source = _bench_corpora(args, shapes, paths, progress)
     cases = bench.run_cases(
         corpora, shapes, paths, shuffle=args.shuffle, rounds=args.rounds, batches=args.batches,
         seed=args.seed, progress=progress,
@@ -494,6 +511,9 @@ def main(
         return 2
     except (CommandError, TypeError, ValueError, OSError, ImportError) as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=stderr)
+        return 1
+    except MemoryError as exc:  # the last resort: the commands check sizes before allocating
+        print(f"{PROG} {args.command}: error: out of memory: {exc or 'MemoryError'}", file=stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG} {args.command}: interrupted", file=stderr)

@@ -20,14 +20,14 @@ from tokstream._windows import gather_windows
 
 
 class Corpus:
-    """Validated shards of token ids, read in place by the kernel.
+    """Validated shards of token ids, read in place by the kernel, with their documents.
 
     Parameters
     ----------
     shards
-        A sequence of 1-D token arrays (or anything :func:`tokstream._validate.token_array`
-        accepts). Every shard must end up with the same dtype: mixing, say, uint16 and uint32
-        shards is a ValueError, since it almost always means two tokenizers.
+        A sequence of 1-D token arrays (or anything :func:`tokstream.stream_token_source`
+        accepts as ``token_ids``). Every shard must end up with the same dtype: mixing, say,
+        uint16 and uint32 shards is a ValueError, since it almost always means two tokenizers.
     name
         What error messages call the input.
 
@@ -35,7 +35,11 @@ class Corpus:
     -----
     Integer shards keep their dtype and are not copied (memory maps stay memory maps); float
     shards are converted to int64 once. The arrays are referenced, not owned: mutating one while a
-    stream reads it changes the windows that stream yields from then on.
+    stream reads it changes the windows that stream yields from then on. ``shards``, ``lengths``
+    and the document boundaries are read-only: they are what every stream's bounds come from.
+
+    A shard without recorded documents is one document; :meth:`from_documents` and the readers
+    of formats that store documents record their boundaries.
     """
 
     def __init__(self, shards: Sequence[Any], name: str = "shards") -> None:
@@ -45,23 +49,66 @@ class Corpus:
             )
         names = [f"{name}[{i}]" for i in range(len(shards))]
         arrays = [_validate.token_array(shard, names[i]) for i, shard in enumerate(shards)]
-        self._set_shards(arrays, names, name)
+        self._set_shards(arrays, names, name, None)
 
     @classmethod
-    def from_validated(
-        cls, arrays: Sequence[np.ndarray], names: Sequence[str], name: str = "shards"
+    def _from_arrays(
+        cls,
+        arrays: Sequence[np.ndarray],
+        names: Sequence[str],
+        name: str = "shards",
+        document_offsets: Sequence[np.ndarray | None] | None = None,
     ) -> Corpus:
         """A corpus of arrays already returned by :func:`tokstream._validate.token_array`.
 
-        For callers (such as :func:`tokstream.open_tokens`) that validated each shard under a
-        more telling name (its file) and must not pay for a second value scan of a uint64 file.
-        ``names`` label the shards in the mixed-dtype error, ``name`` the whole.
+        For readers (such as :func:`tokstream.open_tokens`) that validated each shard under a
+        more telling name (its file) and must not pay for a second value scan. ``names`` label
+        the shards in errors, ``name`` the whole. ``document_offsets`` holds, per shard, None
+        (one document) or the boundaries of its documents: a nondecreasing int64 array from 0 to
+        the shard's length (empty documents allowed), checked here.
         """
         corpus = cls.__new__(cls)
-        corpus._set_shards(arrays, names, name)
+        corpus._set_shards(arrays, names, name, document_offsets)
         return corpus
 
-    def _set_shards(self, arrays: Sequence[np.ndarray], names: Sequence[str], name: str) -> None:
+    @classmethod
+    def from_documents(cls, documents: Sequence[Any], name: str = "documents") -> Corpus:
+        """One shard holding ``documents`` back to back, with a boundary between each two.
+
+        Windows may span documents (``windows="cross"``) or stay inside one
+        (``windows="within"``); the document extras of a stream follow these boundaries. Arrays
+        of one integer dtype are joined with one ``np.concatenate`` (no Python loop per token
+        or per document beyond reading their lengths); anything else is validated document by
+        document as ``token_ids`` is.
+        """
+        if isinstance(documents, (np.ndarray, str, bytes)) or not isinstance(documents, Sequence):
+            raise TypeError(
+                f"{name} must be a sequence of 1-D token arrays, got {type(documents).__name__}"
+            )
+        if not documents:
+            raise ValueError(f"{name} must hold at least one document")
+        arrays = _same_dtype_arrays(documents)
+        if arrays is None:
+            arrays = [_validate.token_array(d, f"{name}[{i}]") for i, d in enumerate(documents)]
+            dtypes = {a.dtype for a in arrays}
+            if len(dtypes) > 1:
+                raise ValueError(
+                    f"{name} mix token dtypes {sorted(map(str, dtypes))}; every document must "
+                    "have one dtype, since mixing usually means two tokenizers"
+                )
+        lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+        offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        tokens = _validate.token_array(np.concatenate(arrays), name)
+        return cls._from_arrays([tokens], [name], name, [offsets])
+
+    def _set_shards(
+        self,
+        arrays: Sequence[np.ndarray],
+        names: Sequence[str],
+        name: str,
+        document_offsets: Sequence[np.ndarray | None] | None,
+    ) -> None:
         if not arrays:
             raise ValueError(f"{name} must hold at least one shard")
         first_of_dtype: dict[str, str] = {}
@@ -73,15 +120,64 @@ class Corpus:
                 f"{name} mix token dtypes {sorted(first_of_dtype)} ({examples}); every shard "
                 "must have one dtype, since mixing usually means two tokenizers"
             )
-        self.shards: tuple[np.ndarray, ...] = tuple(arrays)
-        self.lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+        lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+        if document_offsets is None:
+            document_offsets = [None] * len(arrays)
+        if len(document_offsets) != len(arrays):
+            raise ValueError(
+                f"{name}: {len(document_offsets)} document boundary arrays for {len(arrays)} shards"
+            )
+        starts = [
+            _document_starts(offsets, int(length), shard_name)
+            for offsets, length, shard_name in zip(document_offsets, lengths, names, strict=True)
+        ]
+        shard_starts = np.zeros(len(arrays), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=shard_starts[1:])
+        # Every document's first token, as an index into the shards laid end to end; a shard
+        # boundary is always a document boundary. Followed by the total, so diff = lengths.
+        total = np.array([lengths.sum()], dtype=np.int64)
+        boundaries = np.concatenate(
+            [s + base for s, base in zip(starts, shard_starts, strict=True)] + [total]
+        )
+        self._shards: tuple[np.ndarray, ...] = tuple(arrays)
+        self._lengths = _read_only(lengths)
+        self._document_boundaries = _read_only(boundaries)
+        self._has_documents = any(offsets is not None for offsets in document_offsets)
 
     @classmethod
     def from_tokens(cls, token_ids: Any, name: str = "token_ids") -> Corpus:
         """One shard; a :class:`Corpus` is passed through unchanged."""
         if isinstance(token_ids, Corpus):
             return token_ids
-        return cls.from_validated([_validate.token_array(token_ids, name)], [name], name)
+        return cls._from_arrays([_validate.token_array(token_ids, name)], [name], name)
+
+    @property
+    def shards(self) -> tuple[np.ndarray, ...]:
+        """The token arrays, one per shard (read-only attribute)."""
+        return self._shards
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per shard: a read-only int64 array."""
+        return self._lengths
+
+    @property
+    def has_documents(self) -> bool:
+        """Whether document boundaries inside shards were recorded."""
+        return self._has_documents
+
+    @property
+    def document_boundaries(self) -> np.ndarray:
+        """Each document's first token in the shards laid end to end, then the token count.
+
+        Read-only int64, nondecreasing, O(documents). Every shard starts a document.
+        """
+        return self._document_boundaries
+
+    @property
+    def document_lengths(self) -> np.ndarray:
+        """Tokens per document, in order (a shard without recorded documents is one)."""
+        return np.diff(self._document_boundaries)
 
     @property
     def dtype(self) -> np.dtype:
@@ -194,9 +290,11 @@ class WindowGather:
         self.prefetch = prefetch
         # Windows ahead the kernel prefetches (0: none).
         self._prefetch = prefetch_distance(block, corpus.dtype) if prefetch else 0
-        self.offsets = corpus.window_offsets(block)
+        # Private copies: the kernel's bounds come only from what was validated here.
+        self._shards = corpus.shards
+        self.offsets = _read_only(corpus.window_offsets(block))
         self.num_windows = int(self.offsets[-1])
-        self._single = corpus.shards[0] if len(corpus.shards) == 1 else None
+        self._single = self._shards[0] if len(self._shards) == 1 else None
         # The kernel specialised for the corpus dtype (keyed by its C type, e.g. "uint16_t"), so
         # no batch pays the fused-type dispatch.
         self._kernel = gather_windows.__signatures__[f"{corpus.dtype.name}_t"]
@@ -224,6 +322,43 @@ class WindowGather:
             shard = int(shard_of[group[0]])
             local_starts = starts[group] - self.offsets[shard]
             self._kernel(
-                self.corpus.shards[shard], local_starts, windows, next_tokens, targets, group,
+                self._shards[shard], local_starts, windows, next_tokens, targets, group,
                 self._prefetch,
             )
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
+
+
+def _same_dtype_arrays(documents: Sequence[Any]) -> list[np.ndarray] | None:
+    """``documents`` as they are when all are 1-D ndarrays of one integer dtype, else None."""
+    first = documents[0]
+    if not isinstance(first, np.ndarray) or first.dtype.kind not in "iu":
+        return None
+    dtype = first.dtype
+    for document in documents:
+        if type(document) is not np.ndarray or document.dtype != dtype or document.ndim != 1:
+            return None
+    return list(documents)
+
+
+def _document_starts(offsets: np.ndarray | None, length: int, name: str) -> np.ndarray:
+    """Checked document start offsets of one shard (its boundaries less the final one)."""
+    if offsets is None:
+        return np.zeros(1, dtype=np.int64)
+    offsets = np.asarray(offsets)
+    if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or offsets.shape[0] < 2:
+        raise ValueError(
+            f"{name}: document boundaries must be a 1-D integer array of at least 2 offsets, "
+            f"got shape {offsets.shape} and dtype {offsets.dtype}"
+        )
+    offsets = offsets.astype(np.int64)
+    if offsets[0] != 0 or offsets[-1] != length or np.any(offsets[1:] < offsets[:-1]):
+        raise ValueError(
+            f"{name}: document boundaries must rise from 0 to the shard's {length} tokens, "
+            f"got {offsets[0]} ... {offsets[-1]}"
+            + (" with a decrease" if np.any(offsets[1:] < offsets[:-1]) else "")
+        )
+    return offsets[:-1]

@@ -32,6 +32,7 @@ a share of their own and together yield slightly more or fewer batches than one 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import mmap
 import multiprocessing.context
 from collections.abc import Iterator
@@ -47,6 +48,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
     ) from exc
 
 from tokstream import _validate
+from tokstream._validate import StreamOptions, stream_signature
 from tokstream.corpus import Corpus
 from tokstream.stream import TokenStream
 
@@ -74,36 +76,25 @@ class TokenDataset(IterableDataset):
     def __init__(
         self,
         token_ids: Any,
-        block: int,
-        batch_size: int,
+        block: Any,
+        batch_size: Any,
         *,
-        epochs: int = 1,
-        shuffle: bool = True,
-        seed: int = 0,
-        targets: str = "next",
         rank: int | None = None,
         world_size: int | None = None,
-        drop_last: bool = False,
-        permutation: str = "materialized",
         num_workers: int | None = None,
+        **options: Any,
     ) -> None:
         super().__init__()
-        self.rank, self.world_size = _distributed_share(rank, world_size)
+        self.corpus = Corpus.from_tokens(token_ids)
+        rank, world_size = _distributed_share(rank, world_size)
+        # Every argument is checked now, once; workers derive their share from these options.
+        self.options = StreamOptions.create(
+            block, batch_size, rank=rank, world_size=world_size, **options
+        )
+        self.rank, self.world_size = self.options.rank, self.options.world_size
         self.num_workers = (
             None if num_workers is None else _validate.nonnegative_int(num_workers, "num_workers")
         )
-        self.corpus = Corpus.from_tokens(token_ids)
-        self._controls = {
-            "block": block,
-            "batch_size": batch_size,
-            "epochs": epochs,
-            "shuffle": shuffle,
-            "seed": seed,
-            "targets": targets,
-            "drop_last": drop_last,
-            "permutation": permutation,
-        }
-        self._new_stream(self.rank, self.world_size)  # every argument is checked now
         self._stream: TokenStream | None = None
         self._resume_state: dict[str, Any] | None = None
         self._resume_share: tuple[int, int] | None = None
@@ -115,8 +106,13 @@ class TokenDataset(IterableDataset):
         # instead, and pickling for a new process sets it here (see __getstate__).
         self._streamed_in_workers = mmap.mmap(-1, 1)
 
+    __init__.__signature__ = stream_signature(  # type: ignore[attr-defined]
+        "self", "token_ids", defaults={"rank": None, "world_size": None}, num_workers=None
+    )
+
     def _new_stream(self, rank: int, world_size: int) -> TokenStream:
-        return TokenStream(self.corpus, rank=rank, world_size=world_size, **self._controls)
+        options = dataclasses.replace(self.options, rank=rank, world_size=world_size)
+        return TokenStream._over(self.corpus, options)
 
     def _share(self) -> tuple[int, int]:
         """``(effective rank, effective world size)`` of the calling process or worker."""
@@ -231,7 +227,7 @@ class TokenDataset(IterableDataset):
     def __repr__(self) -> str:
         return (
             f"TokenDataset(rank={self.rank}/{self.world_size}, windows="
-            f"{self.corpus.num_windows(self._controls['block'])}, {self._controls})"
+            f"{self.corpus.num_windows(self.options.block)}, {self.options})"
         )
 
 
@@ -243,7 +239,4 @@ def _distributed_share(rank: int | None, world_size: int | None) -> tuple[int, i
         default_world = torch.distributed.get_world_size()
     world_size = default_world if world_size is None else world_size
     rank = default_rank if rank is None else rank
-    return (
-        _validate.nonnegative_int(rank, "rank"),
-        _validate.positive_int(world_size, "world_size"),
-    )
+    return rank, world_size

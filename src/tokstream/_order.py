@@ -1,0 +1,149 @@
+"""Which window each batch holds: epoch orders, their positions, and each rank's share of them.
+
+Every epoch has an order, a bijection of the ``num_windows`` window indices: the identity
+(``shuffle=False``), one ``RandomState.permutation`` per epoch drawn from a single generator
+(``permutation="materialized"``, the reference generator's order), or a keyed Feistel network
+evaluated per position (``permutation="implicit"``, no O(windows) memory).
+
+Sharding follows ``torch.utils.data.DistributedSampler``: with ``world_size = W`` the epoch order
+is cut to its first ``(n // W) * W`` positions (the at most ``W - 1`` left over are skipped that
+epoch, so that every rank yields the same number of batches of the same sizes) and rank ``r``
+takes positions ``r, r + W, r + 2W, ...``. Global step ``k`` (all ranks together) therefore
+consumes positions ``[k * W * batch_size, (k + 1) * W * batch_size)`` of the order, which depends
+only on ``W * batch_size``: that is what makes an elastic resume exact.
+
+The tail: each epoch, the last ``n % W`` positions of that epoch's order are not streamed (a
+shuffled order puts different windows there every epoch). ``drop_last=True`` also drops the
+final partial global batch, so an epoch streams the first ``(n // (W * B)) * W * B``
+positions. Every full global batch is therefore the same for any ``W`` of the same ``W * B``;
+without ``drop_last`` the final partial one holds the positions up to ``(n // W) * W`` and so
+depends on ``W``. An elastic resume continues exactly as a stream that ran with the new world
+from the start: the same full global batches as the old world, the new world's partial one
+(and a cursor that stands past the new world's shorter epoch starts the next epoch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tokstream._state import Cursor
+from tokstream._validate import StreamOptions
+from tokstream._windows import permuted_positions
+
+MASK64 = (1 << 64) - 1
+FEISTEL_ROUNDS = 6
+
+
+class WindowOrder:
+    """The window indices of every batch of a stream over ``num_windows`` windows.
+
+    Pure in the cursor: the windows of a batch depend only on the :class:`Cursor` they are asked
+    for, so a cursor from a state dict reproduces the uninterrupted run. The one drawn epoch
+    order (materialized shuffle) and the implicit permutation's round keys are cached for the
+    epoch they belong to.
+    """
+
+    def __init__(self, num_windows: int, options: StreamOptions) -> None:
+        self.num_windows = num_windows
+        self.options = options
+        self.draws_orders = options.shuffle and options.permutation == "materialized"
+        # Positions of the order used per epoch: a multiple of world_size, so ranks stay equal.
+        world, global_batch = options.world_size, options.global_batch_size
+        self.positions_per_epoch = (num_windows // world) * world
+        full, rest = divmod(self.positions_per_epoch, global_batch)
+        self.batches_per_epoch = full + (1 if rest and not options.drop_last else 0)
+        # Largest number of rows any batch of this rank holds.
+        self.max_rows = min(options.batch_size, self.positions_per_epoch // world)
+        self._implicit_domain = implicit_domain(max(num_windows, 1))
+        self._implicit_keys: tuple[int, np.ndarray | None] = (-1, None)
+        # (epoch, its order, the generator's state after drawing it) for the drawn epoch.
+        self._drawn: tuple[int, np.ndarray, tuple] | None = None
+
+    def first_cursor(self) -> Cursor:
+        """The cursor of the run's first batch."""
+        rng_state = np.random.RandomState(self.options.seed).get_state()
+        return Cursor(0, 0, rng_state if self.draws_orders else None)
+
+    def rows(self, cursor: Cursor) -> int:
+        """How many windows this rank's batch at ``cursor`` holds."""
+        remaining = self.positions_per_epoch - cursor.position
+        return min(self.options.batch_size, remaining // self.options.world_size)
+
+    def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
+        """Window indices of this rank's batch at ``cursor``: order positions ``p + r + k W``.
+
+        Every position is below ``positions_per_epoch <= num_windows`` and every order maps
+        ``[0, num_windows)`` onto itself, so each index is a valid window for the kernel.
+        """
+        world = self.options.world_size
+        first = cursor.position + self.options.rank
+        if not self.options.shuffle:
+            return np.arange(first, first + world * count, world, dtype=np.int64)
+        if not self.draws_orders:
+            return self._implicit(cursor.epoch, first, world, count)
+        order = self._order(cursor)
+        return order[first : first + world * count : world]
+
+    def after(self, cursor: Cursor) -> Cursor:
+        """The cursor after the global batch at ``cursor``: the next one, or the next epoch's."""
+        position = cursor.position + self.options.global_batch_size
+        if position // self.options.global_batch_size < self.batches_per_epoch:
+            return Cursor(cursor.epoch, position, cursor.rng_state)
+        return self.next_epoch(cursor)
+
+    def next_epoch(self, cursor: Cursor) -> Cursor:
+        """The first cursor of the epoch after ``cursor``'s."""
+        rng_state = None
+        if self.draws_orders:
+            self._order(cursor)
+            rng_state = self._drawn[2]
+            self._drawn = None  # freed before the next epoch's order is drawn
+        return Cursor(cursor.epoch + 1, 0, rng_state)
+
+    def release(self) -> None:
+        """Drop the cached epoch order (it is drawn again if asked for)."""
+        self._drawn = None
+
+    def _order(self, cursor: Cursor) -> np.ndarray:
+        drawn = self._drawn
+        if drawn is None or drawn[0] != cursor.epoch:
+            rng = np.random.RandomState()
+            rng.set_state(cursor.rng_state)
+            order = rng.permutation(self.num_windows)
+            # One assignment: a Ctrl-C that lands here leaves the cache empty or whole.
+            drawn = self._drawn = (cursor.epoch, order, rng.get_state())
+        return drawn[1]
+
+    def _implicit(self, epoch: int, first: int, step: int, count: int) -> np.ndarray:
+        if self._implicit_keys[0] != epoch:
+            self._implicit_keys = (epoch, implicit_round_keys(self.options.seed, epoch))
+        low_bits, high_size = self._implicit_domain
+        windows = np.empty(count, dtype=np.int64)
+        permuted_positions(
+            windows, first, step, self.num_windows, low_bits, high_size, self._implicit_keys[1]
+        )
+        return windows
+
+
+def implicit_domain(n: int) -> tuple[int, int]:
+    """``(low_bits, high_size)`` of the implicit permutation's domain for ``n >= 1`` windows.
+
+    The domain ``high_size * 2**low_bits`` is the smallest multiple of ``2**low_bits`` that is
+    ``>= n``, with ``2**low_bits`` about ``sqrt(n)``: it overshoots n by less than ``2**low_bits``.
+    """
+    low_bits = ((n - 1).bit_length() + 1) // 2
+    high_size = -(-n // (1 << low_bits))
+    return low_bits, high_size
+
+
+def implicit_round_keys(seed: int, epoch: int, rounds: int = FEISTEL_ROUNDS) -> np.ndarray:
+    """Round keys of the implicit permutation of ``epoch``: splitmix64 seeded by both."""
+    state = (seed * 0x9E3779B97F4A7C15 + (epoch & MASK64) * 0xD1B54A32D192ED03) & MASK64
+    keys = np.empty(rounds, dtype=np.uint64)
+    for r in range(rounds):
+        state = (state + 0x9E3779B97F4A7C15) & MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+        keys[r] = z ^ (z >> 31)
+    return keys
