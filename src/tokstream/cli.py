@@ -264,7 +264,7 @@ def cmd_convert(
     corpus = files.open_tokens(
         args.input, dtype=args.in_dtype, format=args.in_format, column=args.column
     )
-    dtype = args.dtype if args.dtype is not None else _convert_dtype(corpus.dtype, out_format)
+    dtype = args.dtype if args.dtype is not None else files.kept_dtype(corpus.dtype, out_format)
     itemsize = corpus.dtype.itemsize if dtype is None else np.dtype(dtype).itemsize
     expected = files.FORMAT_TABLE[out_format].header_bytes + corpus.num_tokens * itemsize
     progress = _progress.Progress(None if args.quiet else stderr)
@@ -298,21 +298,8 @@ def cmd_tokenize(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> in
         progress=lambda message, final: progress.update(message, final=final),
     )
     progress.done()
-    kept = result.resumed_documents
-    print(
-        f"wrote {result.output}: {result.shards} {args.format} shards, {result.dtype}, "
-        f"{result.tokens:,} tokens in {result.documents:,} documents"
-        + (f" ({kept:,} documents kept from an earlier run)" if kept else ""),
-        file=stdout,
-    )
+    print(result.summary(), file=stdout)
     return 0
-
-
-def _convert_dtype(dtype: np.dtype, out_format: str) -> str | None:
-    """The input's dtype when the output format can store it, else None (write_tokens picks)."""
-    if out_format == "llmc" or (out_format == "megatron" and dtype.name in ("uint32", "uint64")):
-        return None
-    return dtype.name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,23 +440,16 @@ def build_parser() -> argparse.ArgumentParser:
     tokenize = commands.add_parser(
         "tokenize",
         help="tokenize text into token shards",
-        description=(
-            "Encode the documents of text files (a document per line, or per file), JSON Lines "
-            "and Parquet files, each followed by --eos, into shards of OUTPUT that open_tokens "
-            "opens with their documents. Nothing is downloaded. The output does not depend on "
-            "--workers; re-running an interrupted command finishes it."
-        ),
+        description="Encode text, JSON Lines and Parquet documents, each followed by --eos, into "
+        "shards open_tokens(DIR) reads with their documents; the same output whatever --workers; "
+        "run an interrupted command again to finish it. Nothing is downloaded.",
     )
     tokenize.add_argument("inputs", nargs="+", metavar="INPUT", help="input files or patterns")
-    tokenize.add_argument(
-        "--tokenizer", required=True,
-        help="a tokenizers JSON file, or a tiktoken encoding in tiktoken's local cache",
-    )
+    tokenize.add_argument("--tokenizer", required=True, help="a tokenizers JSON file, or a "
+                          "tiktoken encoding in tiktoken's local cache")
     tokenize.add_argument("--output", required=True, metavar="DIR", help="output directory")
-    tokenize.add_argument(
-        "--eos", default="<|endoftext|>", metavar="TOKEN",
-        help="token ending each document: its text, or its id (default <|endoftext|>)",
-    )
+    tokenize.add_argument("--eos", default="<|endoftext|>", metavar="TOKEN", help="token ending "
+                          "each document: its text, or its id (default <|endoftext|>)")
     tokenize.add_argument("--no-eos", action="store_true", help="end documents with no token")
     tokenize.add_argument("--format", choices=STREAMED, default="npy", help="shard format")
     tokenize.add_argument(
@@ -478,10 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tokenize.add_argument("--workers", type=_positive, default=1, help="encoding processes")
     tokenize.add_argument("--text-field", default="text", help="JSON field or Parquet column")
-    tokenize.add_argument(
-        "--document-per-file", action="store_true",
-        help="each text file is one document (default: each nonempty line)",
-    )
+    tokenize.add_argument("--document-per-file", action="store_true",
+                          help="each text file is one document (default: each nonempty line)")
     tokenize.add_argument("--quiet", action="store_true", help="no progress on stderr")
     tokenize.set_defaults(handler=cmd_tokenize, command_parser=tokenize)
     return parser

@@ -373,6 +373,15 @@ def _tokens_and_documents(ids: Any) -> tuple[list[np.ndarray], np.ndarray | None
     return arrays, None
 
 
+def kept_dtype(dtype: np.dtype, format: str) -> str | None:
+    """``dtype`` when ``format`` can store it (a conversion keeps it), else None: let
+    :func:`write_tokens` pick (llm.c's uint16/uint32 by the ids, Megatron's has no unsigned
+    32/64-bit code)."""
+    if format == "llmc" or (format == "megatron" and dtype.name in ("uint32", "uint64")):
+        return None
+    return dtype.name
+
+
 def stored_dtype(low: int, high: int, format: str, dtype: Any) -> np.dtype:
     """The dtype to store ids in ``[low, high]`` as ``format``: ``dtype``, checked, or a pick."""
     if dtype is not None:

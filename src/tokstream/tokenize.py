@@ -58,6 +58,16 @@ class Result:
     tokens: int
     resumed_documents: int
     dtype: str
+    format: str
+
+    def summary(self) -> str:
+        """One line for people: what was written, and what an earlier run had already done."""
+        kept = self.resumed_documents
+        return (
+            f"wrote {self.output}: {self.shards} {self.format} shards, {self.dtype}, "
+            f"{self.tokens:,} tokens in {self.documents:,} documents"
+            + (f" ({kept:,} documents kept from an earlier run)" if kept else "")
+        )
 
 
 def tokenize_files(
@@ -204,6 +214,7 @@ def _result(output: Path, manifest: dict[str, Any], resumed: int) -> Result:
         tokens=sum(s["tokens"] for s in shards),
         resumed_documents=resumed,
         dtype=manifest["dtype"],
+        format=manifest["format"],
     )
 
 
