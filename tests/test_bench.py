@@ -23,11 +23,26 @@ def test_table_formats_every_case():
     header, rule, row = table.splitlines()
     cells = row.split("|")[1:-1]
     assert [c.strip() for c in cells] == [
-        "uint16", "sequential", "8", "64", "11.0", "100", "25.0", "9.09x", "0.50x"
+        "uint16",
+        "sequential",
+        "8",
+        "64",
+        "11.0",
+        "100",
+        "25.0",
+        "9.09x",
+        "0.50x",
     ]
     assert [c.strip() for c in header.split("|")[1:-1]] == [
-        "dtype", "order", "block", "batch", "reference", "fast", "gather limit (Mwin/s)",
-        "fast/ref", "fast win/gather",
+        "dtype",
+        "order",
+        "block",
+        "batch",
+        "reference",
+        "fast",
+        "gather limit (Mwin/s)",
+        "fast/ref",
+        "fast win/gather",
     ]
     # Text left-aligned, numbers right-aligned (Markdown's "---:"), every column one width.
     assert cells[0] == " uint16 " and cells[2].endswith("8 ") and cells[2].startswith("  ")
@@ -76,8 +91,14 @@ def test_measure_case_times_every_round_of_every_path_after_checking_first_batch
     paths = ["reference", "fast", "gather_limit"]
     recorder = Recorder()
     case = bench.measure_case(
-        bench.Case("uint16", True, 8, 16), ids, paths, rounds=3, batches=2, seed=0,
-        progress=recorder, label="L",
+        bench.Case("uint16", True, 8, 16),
+        ids,
+        paths,
+        rounds=3,
+        batches=2,
+        seed=0,
+        progress=recorder,
+        label="L",
     )
     assert set(case.rates) == set(paths)
     assert all(len(rates) == 3 and min(rates) > 0 for rates in case.rates.values())
@@ -94,7 +115,13 @@ def test_run_cases_refuses_a_corpus_without_windows_before_measuring_anything():
     corpora = [("int64", np.arange(100)), ("uint16", np.arange(8, dtype=np.uint16))]
     with pytest.raises(ValueError, match=r"the corpus \(uint16\) holds 8 tokens"):
         bench.run_cases(
-            corpora, [(4, 2), (8, 2)], ["fast"], shuffle=True, rounds=1, batches=1, seed=0,
+            corpora,
+            [(4, 2), (8, 2)],
+            ["fast"],
+            shuffle=True,
+            rounds=1,
+            batches=1,
+            seed=0,
             progress=recorder,
         )
     assert recorder.messages == []
@@ -106,8 +133,10 @@ def test_run_cases_measures_every_corpus_and_shape_in_order():
         corpora, [(4, 8), (16, 2)], ["fast"], shuffle=False, rounds=1, batches=1, seed=0
     )
     assert [(c.dtype, c.shuffle, c.block, c.batch_size) for c in cases] == [
-        ("int64", False, 4, 8), ("int64", False, 16, 2),
-        ("uint16", False, 4, 8), ("uint16", False, 16, 2),
+        ("int64", False, 4, 8),
+        ("int64", False, 16, 2),
+        ("uint16", False, 4, 8),
+        ("uint16", False, 16, 2),
     ]
 
 
