@@ -242,3 +242,16 @@ def test_batch_starts_cut_each_epochs_order_into_consecutive_batches(
         order = rng.permutation(num_windows) if shuffle else np.arange(num_windows)
         expected += [order[k : k + batch_size] for k in range(0, num_windows, batch_size)]
     assert [s.tolist() for s in got] == [s.tolist() for s in expected]
+
+
+@pytest.mark.parametrize("path", list(baselines.PATHS))
+def test_a_batch_size_beyond_the_corpus_allocates_only_the_windows_there_are(path):
+    if path == "nanogpt" and not baselines.torch_available():
+        pytest.skip("PyTorch is not installed")
+    ids = _corpus(100, "uint16")
+    (huge,) = baselines.PATHS[path](ids, 4, 10**12, seed=3)
+    (fitting,) = baselines.PATHS[path](ids, 4, 96, seed=3)
+    assert len(huge[0]) == 96
+    if path != "copy_limit":  # its offsets depend on the batch size asked for
+        for got, expected in zip(huge, fitting, strict=True):
+            np.testing.assert_array_equal(_numpy(got), _numpy(expected))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 
 import numpy as np
@@ -21,11 +23,26 @@ def test_table_formats_every_case():
     header, rule, row = table.splitlines()
     cells = row.split("|")[1:-1]
     assert [c.strip() for c in cells] == [
-        "uint16", "sequential", "8", "64", "11.0", "100", "25.0", "9.09x", "0.50x"
+        "uint16",
+        "sequential",
+        "8",
+        "64",
+        "11.0",
+        "100",
+        "25.0",
+        "9.09x",
+        "0.50x",
     ]
     assert [c.strip() for c in header.split("|")[1:-1]] == [
-        "dtype", "order", "block", "batch", "reference", "fast", "gather limit (Mwin/s)",
-        "fast/ref", "fast win/gather",
+        "dtype",
+        "order",
+        "block",
+        "batch",
+        "reference",
+        "fast",
+        "gather limit (Mwin/s)",
+        "fast/ref",
+        "fast win/gather",
     ]
     # Text left-aligned, numbers right-aligned (Markdown's "---:"), every column one width.
     assert cells[0] == " uint16 " and cells[2].endswith("8 ") and cells[2].startswith("  ")
@@ -74,8 +91,14 @@ def test_measure_case_times_every_round_of_every_path_after_checking_first_batch
     paths = ["reference", "fast", "gather_limit"]
     recorder = Recorder()
     case = bench.measure_case(
-        bench.Case("uint16", True, 8, 16), ids, paths, rounds=3, batches=2, seed=0,
-        progress=recorder, label="L",
+        bench.Case("uint16", True, 8, 16),
+        ids,
+        paths,
+        rounds=3,
+        batches=2,
+        seed=0,
+        progress=recorder,
+        label="L",
     )
     assert set(case.rates) == set(paths)
     assert all(len(rates) == 3 and min(rates) > 0 for rates in case.rates.values())
@@ -92,7 +115,13 @@ def test_run_cases_refuses_a_corpus_without_windows_before_measuring_anything():
     corpora = [("int64", np.arange(100)), ("uint16", np.arange(8, dtype=np.uint16))]
     with pytest.raises(ValueError, match=r"the corpus \(uint16\) holds 8 tokens"):
         bench.run_cases(
-            corpora, [(4, 2), (8, 2)], ["fast"], shuffle=True, rounds=1, batches=1, seed=0,
+            corpora,
+            [(4, 2), (8, 2)],
+            ["fast"],
+            shuffle=True,
+            rounds=1,
+            batches=1,
+            seed=0,
             progress=recorder,
         )
     assert recorder.messages == []
@@ -104,8 +133,10 @@ def test_run_cases_measures_every_corpus_and_shape_in_order():
         corpora, [(4, 8), (16, 2)], ["fast"], shuffle=False, rounds=1, batches=1, seed=0
     )
     assert [(c.dtype, c.shuffle, c.block, c.batch_size) for c in cases] == [
-        ("int64", False, 4, 8), ("int64", False, 16, 2),
-        ("uint16", False, 4, 8), ("uint16", False, 16, 2),
+        ("int64", False, 4, 8),
+        ("int64", False, 16, 2),
+        ("uint16", False, 4, 8),
+        ("uint16", False, 16, 2),
     ]
 
 
@@ -154,3 +185,29 @@ def test_nothing_under_benchmarks_imports_the_command_line():
     for name, text in sources.items():
         assert "tokstream.cli" not in text and "import cli" not in text, name
     assert baselines.PATH_LABELS.keys() == baselines.PATHS.keys()
+
+
+def test_check_memory_passes_what_fits_and_names_the_option_of_what_does_not():
+    paths = ["fast", "reference"]
+    check = functools.partial(bench.check_memory, corpus_option="--tokens 1000")
+    # 1000 tokens: the corpus (8,000 bytes), an int64 copy, and 2 paths' int64 orders: 40,000.
+    with pytest.raises(ValueError, match=r"^--tokens 1000 needs about 0\.0 GB of memory"):
+        check(1000, 8000, [(8, 16)], paths, memory=39_999)
+    # One batch of 16 windows for each path, plus two: 4 x 16 x (9 x 8 + 1024) bytes.
+    check(1000, 8000, [(8, 16)], paths, memory=40_000 + 4 * 16 * (72 + 1024))
+    with pytest.raises(ValueError, match=r"^--batch-size 16 with --block 8 needs about"):
+        check(1000, 8000, [(8, 16)], paths, memory=40_000 + 4 * 16 * (72 + 1024) - 1)
+    # A batch holds the windows there are, not the batch size asked for.
+    with pytest.raises(ValueError, match=r"^--batch-size 10000000000 .* of 992 windows"):
+        check(1000, 8000, [(4, 2), (8, 10**10)], paths, memory=10**6)
+
+
+def test_check_memory_is_skipped_where_the_machine_does_not_say(monkeypatch):
+    monkeypatch.setattr(bench, "physical_memory", lambda: None)
+    bench.check_memory(10**15, 10**15, [(8, 10**15)], ["fast"], corpus_option="--tokens 1")
+
+
+@pytest.mark.skipif(not hasattr(os, "sysconf"), reason="the OS does not report its memory")
+def test_physical_memory_is_the_machines():
+    memory = bench.physical_memory()
+    assert memory is not None and memory > 100 << 20

@@ -415,9 +415,10 @@ def test_cli_dtype_options_follow_the_integer_dtype_rule_of_open_tokens(tmp_path
 def test_convert_names_the_output_suffixes_and_formats_of_the_files_table(tmp_path):
     from tokstream import files
 
-    assert files.SUFFIX_FORMATS == {".npy": "npy", ".bin": "bin"}
+    assert files.SUFFIX_FORMATS == {".npy": "npy", ".bin": "bin", ".arrow": "arrow"}
     code, _, err = run("convert", "in.npy", str(tmp_path / "out.tokens"))
-    assert code == 2 and "name it *.npy or *.bin, or pass --format npy|bin|llmc" in err
+    assert code == 2
+    assert "name it *.npy or *.bin or *.arrow, or pass --format npy|bin|llmc|megatron|arrow" in err
 
 
 @pytest.mark.parametrize(
@@ -476,14 +477,26 @@ def test_convert_raw_input_dtype(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "wide.npy"), ids)
 
 
-def test_convert_to_llmc_refuses_ids_beyond_uint16(tmp_path):
+def test_convert_to_llmc_refuses_ids_beyond_uint32(tmp_path):
+    from tokstream import files
+
+    wide = files.write_tokens(tmp_path / "wide.npy", np.array([1, 2**32]), format="npy",
+                              dtype="int64")
+    code, out, err = run("convert", str(wide), str(tmp_path / "s.bin"), "--format", "llmc")
+    assert code == 1 and out == ""
+    assert err.startswith("tokstream convert: error: ") and "neither uint16 nor uint32" in err
+    assert not (tmp_path / "s.bin").exists()
+
+
+def test_convert_to_llmc_writes_ids_beyond_uint16_as_a_version_7_shard(tmp_path):
     from tokstream import files
 
     wide = files.write_tokens(tmp_path / "wide.npy", np.array([1, 70000]), format="npy")
     code, out, err = run("convert", str(wide), str(tmp_path / "s.bin"), "--format", "llmc")
-    assert code == 1 and out == ""
-    assert err.startswith("tokstream convert: error: ") and "uint16" in err
-    assert not (tmp_path / "s.bin").exists()
+    assert code == 0, err
+    header = np.fromfile(tmp_path / "s.bin", dtype="<i4", count=3)
+    assert header.tolist() == [20240801, 7, 2]
+    assert files.open_tokens(tmp_path / "s.bin").shards[0].tolist() == [1, 70000]
 
 
 def test_convert_needs_a_format_it_can_tell(tmp_path, token_files):
@@ -528,3 +541,58 @@ def test_convert_shows_progress_on_large_files(tmp_path, token_files, monkeypatc
     code, _, err = run("convert", str(paths["npy"]), str(tmp_path / "big.bin"))
     assert code == 0, err
     assert "ids.npy -> " in err and "100% (0 of 0 MB" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes: checked before anything is allocated; MemoryError as one line, the last resort
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--tokens", "1000000000000"], "--tokens 1000000000000 needs about"),
+        (["--batch-size", "1000000000000"], "--batch-size 1000000000000 with --block 8 needs"),
+        (["--block", "1024", "--batch-size", "10000000000"], "with --block 1024 needs about"),
+    ],
+)
+def test_bench_refuses_sizes_beyond_memory_in_one_line_before_allocating(argv, named):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        code, out, err = run("bench", *argv)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert code == 1 and out == ""
+    assert err.startswith("tokstream bench: error: ") and err.count("\n") == 1, err
+    assert named in err and "of memory" in err and "this machine has" in err
+    assert peak < 20 << 20  # nothing corpus- or batch-sized was allocated
+
+
+def test_bench_file_sizes_are_checked_too(tmp_path, monkeypatch):
+    from tokstream import bench, files
+
+    for i in range(2):
+        files.write_tokens(tmp_path / f"part_{i}.npy", np.arange(1000), format="npy")
+    monkeypatch.setattr(bench, "physical_memory", lambda: 10_000)
+    code, _, err = run("bench", "--file", str(tmp_path / "part_*.npy"), "--quiet")
+    assert code == 1 and f"--file {tmp_path / 'part_*.npy'} needs about" in err
+
+
+@pytest.mark.parametrize("command", ["bench", "convert"])
+def test_a_memory_error_is_one_line_and_exit_1(tmp_path, token_files, monkeypatch, command):
+    from tokstream import bench, files
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 7.28 TiB for an array")
+
+    monkeypatch.setattr(bench, "run_cases", out_of_memory)
+    monkeypatch.setattr(files, "write_tokens", out_of_memory)
+    _, paths = token_files
+    argv = TINY if command == "bench" else [str(paths["npy"]), str(tmp_path / "o.npy")]
+    code, out, err = run(command, *argv, "--quiet")
+    assert code == 1 and out == ""
+    assert err == (
+        f"tokstream {command}: error: out of memory: Unable to allocate 7.28 TiB for an array\n"
+    )

@@ -224,7 +224,7 @@ def _copy_limit(
     if num_windows <= 0:
         return
     rng = np.random.RandomState(seed)
-    full = np.empty(batch_size * block, dtype=np.int64)
+    full = np.empty(min(batch_size, num_windows) * block, dtype=np.int64)  # the largest batch
     num_batches = -(-num_windows // batch_size)
     # Offsets leave room for a whole batch, so only a corpus shorter than one batch wraps.
     high = max(num_tokens - batch_size * block, 0) + 1

@@ -104,7 +104,64 @@ def synthetic_corpus(num_tokens: int, dtype: str, seed: int) -> np.ndarray:
     ('uint16', 5, True)
     """
     rng = np.random.default_rng(seed)
-    return rng.integers(0, VOCAB_SIZE, size=num_tokens, dtype=np.int64).astype(dtype)
+    ids = rng.integers(0, VOCAB_SIZE, size=num_tokens, dtype=np.int64)
+    return ids.astype(dtype, copy=False)
+
+
+#: Bytes per window of the Python objects (views, tensors) the per-window paths build per batch.
+WINDOW_OBJECT_BYTES = 512
+
+
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes, or None where the OS does not say (Windows)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_memory(
+    num_tokens: int,
+    corpus_bytes: int,
+    shapes: Sequence[tuple[int, int]],
+    paths: Sequence[str],
+    *,
+    corpus_option: str,
+    memory: int | None = None,
+) -> None:
+    """Refuse, before anything is allocated, a run that cannot fit in ``memory`` bytes.
+
+    The estimate is an upper bound of what a run holds at once: the corpora (``corpus_bytes``);
+    for each case, an int64 copy of the corpus and a window order per path; and, while the first
+    batches are compared, one batch per path plus two more, each window ``block + 1`` int64 and
+    the per-window objects of the reference and nanoGPT paths. ``memory`` defaults to
+    :func:`physical_memory` (no check where it is unknown). The ValueError names the option to
+    change: ``corpus_option`` (e.g. ``"--tokens 10"``) or the shape's ``--batch-size``/``--block``.
+    """
+    memory = physical_memory() if memory is None else memory
+    if memory is None:
+        return
+    per_corpus = corpus_bytes + num_tokens * 8 * (2 + len(paths))
+    if per_corpus > memory:
+        raise ValueError(
+            f"{corpus_option} needs about {_gigabytes(per_corpus)} of memory (the corpus, and "
+            f"an int64 copy and a window order for each of {len(paths)} paths); this machine "
+            f"has {_gigabytes(memory)}"
+        )
+    for block, batch_size in shapes:
+        rows = max(min(batch_size, num_tokens - block), 0)
+        per_batch = rows * ((block + 1) * 8 + 2 * WINDOW_OBJECT_BYTES)
+        needed = per_corpus + (len(paths) + 2) * per_batch
+        if needed > memory:
+            raise ValueError(
+                f"--batch-size {batch_size} with --block {block} needs about "
+                f"{_gigabytes(needed)} of memory (batches of {rows:,} windows for each of "
+                f"{len(paths)} paths); this machine has {_gigabytes(memory)}"
+            )
+
+
+def _gigabytes(size: int) -> str:
+    return f"{size / 1e9:,.1f} GB"
 
 
 def measure_case(
