@@ -322,7 +322,7 @@ def value_range(
 
 
 # ---------------------------------------------------------------------------------------------
-# The spec's controls, in the spec's order
+# The reference generator's controls, in its order
 
 
 def stream_controls(
