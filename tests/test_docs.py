@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream import _advice, _baseline_loop, _windows
+from tokstream import _advice, _baseline_loop, _documents, _windows
 
 # Modules whose import has a side effect (the command line runs) or needs an optional extra.
 _NOT_IMPORTED = {"tokstream.__main__"}
@@ -84,7 +84,12 @@ def test_help_shows_the_real_signature_of_the_stream() -> None:
     assert "Examples" in text
 
 
-COMPILED = {"_windows": _windows, "_advice": _advice, "_baseline_loop": _baseline_loop}
+COMPILED = {
+    "_windows": _windows,
+    "_documents": _documents,
+    "_advice": _advice,
+    "_baseline_loop": _baseline_loop,
+}
 
 
 @pytest.mark.parametrize(

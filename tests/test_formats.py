@@ -21,7 +21,12 @@ from tokstream._filemap import FileMap
 from tokstream.files import FORMATS, detect_format
 
 MEGATRON_CODES = {
-    np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.uint16: 8,
+    np.uint8: 1,
+    np.int8: 2,
+    np.int16: 3,
+    np.int32: 4,
+    np.int64: 5,
+    np.uint16: 8,
 }
 
 
@@ -142,8 +147,7 @@ def test_write_tokens_megatron_picks_int32_past_uint16_and_refuses_uint32(tmp_pa
 
 LYING_INDEXES = {
     # name: (write_megatron overrides, what the message says)
-    "pointer past the end": (
-        {"pointers": [0, 6, 8, 800]}, "sequence 3 points at byte 800"),
+    "pointer past the end": ({"pointers": [0, 6, 8, 800]}, "sequence 3 points at byte 800"),
     "pointers out of order": ({"pointers": [0, 8, 6, 8]}, "sequence 1 points at byte 8"),
     "lengths beyond the .bin": ({"lengths": [3, 1, 0, 50]}, "truncated"),
     "negative length": ({"lengths": [3, 1, -1, 5]}, "negative length"),
@@ -212,7 +216,8 @@ def test_write_tokens_llmc_writes_version_7_past_uint16_and_version_1_below(tmp_
     narrow = write_tokens(tmp_path / "narrow.bin", [1, 2], format="llmc")
     forced = write_tokens(tmp_path / "forced.bin", [1, 2], format="llmc", dtype=np.uint32)
     for path, header, dtype in [
-        (wide, [20240801, 7, 2], "<u4"), (narrow, [20240520, 1, 2], "<u2"),
+        (wide, [20240801, 7, 2], "<u4"),
+        (narrow, [20240520, 1, 2], "<u2"),
         (forced, [20240801, 7, 2], "<u4"),
     ]:
         raw = path.read_bytes()
@@ -276,7 +281,6 @@ def test_raw_tokens_that_start_like_a_zip_but_do_not_end_like_one_stay_raw(tmp_p
 # Arrow: written by pyarrow itself, as Hugging Face datasets lays it out
 
 
-
 def _pa():
     return pytest.importorskip("pyarrow")
 
@@ -295,10 +299,12 @@ def write_arrow_stream(path: Path, column, name="input_ids", rows_per_batch=None
 def test_arrow_ipc_streams_and_files_map_each_record_batch_with_its_documents(tmp_path, file_form):
     pa = _pa()
     column = pa.array(DOCS, pa.list_(pa.int32()))
-    path = write_arrow_stream(tmp_path / "data-00000-of-00001.arrow", column, rows_per_batch=2,
-                              file_form=file_form)
-    assert path.read_bytes()[:6 if file_form else 4] == (
-        b"ARROW1" if file_form else b"\xff\xff\xff\xff")
+    path = write_arrow_stream(
+        tmp_path / "data-00000-of-00001.arrow", column, rows_per_batch=2, file_form=file_form
+    )
+    assert path.read_bytes()[: 6 if file_form else 4] == (
+        b"ARROW1" if file_form else b"\xff\xff\xff\xff"
+    )
     assert detect_format(path) == "arrow"
     corpus = open_tokens(path)
     assert corpus.dtype == np.int32 and len(corpus.shards) == 2
@@ -312,7 +318,8 @@ def test_feather_v2_files_are_arrow_files(tmp_path):
     import pyarrow.feather as feather
 
     feather.write_feather(
-        pa.table({"input_ids": pa.array(DOCS, pa.list_(pa.uint16()))}), tmp_path / "t.feather",
+        pa.table({"input_ids": pa.array(DOCS, pa.list_(pa.uint16()))}),
+        tmp_path / "t.feather",
         compression="uncompressed",
     )
     assert documents_of(open_tokens(tmp_path / "t.feather")) == DOCS
@@ -322,8 +329,11 @@ def test_a_compressed_arrow_file_is_refused_rather_than_copied(tmp_path):
     pa = _pa()
     import pyarrow.feather as feather
 
-    feather.write_feather(pa.table({"input_ids": pa.array(DOCS * 50, pa.list_(pa.int64()))}),
-                          tmp_path / "z.feather", compression="zstd")
+    feather.write_feather(
+        pa.table({"input_ids": pa.array(DOCS * 50, pa.list_(pa.int64()))}),
+        tmp_path / "z.feather",
+        compression="zstd",
+    )
     with pytest.raises(ValueError, match="z.feather.*uncompressed"):
         open_tokens(tmp_path / "z.feather")
 
@@ -336,9 +346,15 @@ def write_save_to_disk_layout(directory: Path, columns: list, name="input_ids") 
         filename = f"data-{i:05d}-of-{len(columns):05d}.arrow"
         write_arrow_stream(directory / filename, column, name=name, rows_per_batch=1000)
         files.append({"filename": filename})
-    state = {"_data_files": files, "_fingerprint": "0", "_format_columns": None,
-             "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
-             "_split": None}
+    state = {
+        "_data_files": files,
+        "_fingerprint": "0",
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": None,
+    }
     (directory / "state.json").write_text(json.dumps(state))
     (directory / "dataset_info.json").write_text("{}")
     return directory
@@ -398,8 +414,10 @@ def test_other_list_layouts_and_plain_integer_columns(tmp_path):
 
 BAD_COLUMNS = {
     "floats": (lambda pa: pa.array([[1.0, 2.0]], pa.list_(pa.float32())), "lists of float"),
-    "nested lists": (lambda pa: pa.array([[[1], [2]]], pa.list_(pa.list_(pa.int32()))),
-                     "nested lists"),
+    "nested lists": (
+        lambda pa: pa.array([[[1], [2]]], pa.list_(pa.list_(pa.int32()))),
+        "nested lists",
+    ),
     "strings": (lambda pa: pa.array(["a b"]), "not a list of integer"),
     "null rows": (lambda pa: pa.array([[1], None], pa.list_(pa.int32())), "null rows"),
     "null ids": (lambda pa: pa.array([[1, None]], pa.list_(pa.int32())), "null token ids"),

@@ -91,8 +91,9 @@ def test_the_output_is_identical_whatever_the_number_of_workers(
     outputs = []
     for workers in (1, 2, 3):
         out = tmp_path / f"out_{workers}"
-        tokenize_files(text_inputs, str(tokenizer_file), out, format=format,
-                       shard_tokens=1000, workers=workers)
+        tokenize_files(
+            text_inputs, str(tokenizer_file), out, format=format, shard_tokens=1000, workers=workers
+        )
         assert documents_of(open_tokens(out)) == expected
         outputs.append(shard_bytes(out))
     assert outputs[0] == outputs[1] == outputs[2]
@@ -110,8 +111,9 @@ def test_an_interrupted_run_is_finished_by_running_it_again(
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        tokenize_files(text_inputs, str(tokenizer_file), out, shard_tokens=800,
-                       progress=stop_after_two_shards)
+        tokenize_files(
+            text_inputs, str(tokenizer_file), out, shard_tokens=800, progress=stop_after_two_shards
+        )
     assert not tokenized.load(out)["complete"]
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
     with pytest.raises(ValueError, match="run the same `tokstream tokenize` command again"):
@@ -124,8 +126,9 @@ def test_an_interrupted_run_is_finished_by_running_it_again(
     assert again.documents == len(TEXTS) and shard_bytes(out) == shard_bytes(whole)
 
 
-def test_a_directory_of_another_job_or_other_files_is_refused(tmp_path, tokenizer_file,
-                                                              text_inputs):
+def test_a_directory_of_another_job_or_other_files_is_refused(
+    tmp_path, tokenizer_file, text_inputs
+):
     tokenize_files(text_inputs, str(tokenizer_file), tmp_path / "out", shard_tokens=800)
     with pytest.raises(ValueError, match="differs in shard_tokens"):
         tokenize_files(text_inputs, str(tokenizer_file), tmp_path / "out", shard_tokens=900)
@@ -151,8 +154,12 @@ def test_json_lines_gzip_parquet_and_whole_file_documents(tmp_path, tokenizer_fi
     (tmp_path / "docs").mkdir()
     for i, text in enumerate(TEXTS[:3]):
         (tmp_path / "docs" / f"{i}.txt").write_text(text + "\nsecond line")
-    tokenize_files([str(tmp_path / "docs" / "*.txt")], str(tokenizer_file), tmp_path / "whole",
-                   document_per_file=True)
+    tokenize_files(
+        [str(tmp_path / "docs" / "*.txt")],
+        str(tokenizer_file),
+        tmp_path / "whole",
+        document_per_file=True,
+    )
     tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
     eos = tokenizer.token_to_id(EOS)
     assert documents_of(open_tokens(tmp_path / "whole")) == [
@@ -219,8 +226,18 @@ def test_the_command_line_tokenizes_and_inspect_reports_documents(
 ):
     out = tmp_path / "out"
     code, stdout, stderr = run(
-        "tokenize", *text_inputs, "--tokenizer", str(tokenizer_file), "--output", str(out),
-        "--format", "megatron", "--shard-tokens", "2000", "--workers", "2",
+        "tokenize",
+        *text_inputs,
+        "--tokenizer",
+        str(tokenizer_file),
+        "--output",
+        str(out),
+        "--format",
+        "megatron",
+        "--shard-tokens",
+        "2000",
+        "--workers",
+        "2",
     )
     assert code == 0, stderr
     assert f"{len(TEXTS):,} documents" in stdout and "megatron shards" in stdout
@@ -234,7 +251,13 @@ def test_the_command_line_tokenizes_and_inspect_reports_documents(
     assert summary["min_document"] == min(lengths) and summary["max_document"] == max(lengths)
     assert "beyond --vocab-size 100" in stderr
     code, stdout, stderr = run(
-        "tokenize", *text_inputs, "--tokenizer", str(tokenizer_file), "--output", str(out),
-        "--eos", "</s>",
+        "tokenize",
+        *text_inputs,
+        "--tokenizer",
+        str(tokenizer_file),
+        "--output",
+        str(out),
+        "--eos",
+        "</s>",
     )
     assert code == 1 and "error:" in stderr and "'</s>'" in stderr

@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="measure the fast path against its baselines",
         description=(
-            "Time the fast path, the spec's reference, the best pure-NumPy gather, nanoGPT's "
+            "Time the fast path, the reference generator, the best pure-NumPy gather, nanoGPT's "
             "torch.stack (when PyTorch is installed) and the copy and gather limits, in one "
             "process, and print millions of context tokens per second with the ratios of the "
             "fast path to each. Each path's first batch is drawn untimed (it carries the "

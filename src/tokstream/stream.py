@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from tokstream import _advice, _state
+from tokstream import _advice, _batch, _state
+from tokstream._batch import Batch
 from tokstream._order import WindowOrder
 from tokstream._state import Cursor
 from tokstream._validate import StreamOptions, stream_signature
@@ -26,7 +27,7 @@ from tokstream.prefetch import Prefetcher
 from tokstream.readahead import ReadAhead
 
 
-class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
+class TokenStream(Iterator[Batch]):
     """An iterator of ``(windows, targets)`` micro-batches with a resumable cursor.
 
     Takes the arguments of :func:`stream_token_source`, which documents them. Each batch is
@@ -63,7 +64,7 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
     def _setup(self, corpus: Corpus, options: StreamOptions) -> None:
         self._corpus = corpus
         self._options = options
-        self._gather = WindowGather(corpus, options.block, prefetch=options.shuffle)
+        self._gather = _window_space(corpus, options)
         corpus.advise(options.shuffle)
         self._order = WindowOrder(self._gather.num_windows, options)
         # Random windows of a memory-mapped corpus are read ahead; sequential ones are left to
@@ -77,7 +78,7 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         self._lock = threading.Lock()
         self._closed = False
         self._cursor = self._order.first_cursor()
-        self._ring: list[tuple[np.ndarray, np.ndarray]] = []
+        self._ring: list[dict[str, np.ndarray]] = []
         self._ring_next = 0
         self._prefetcher: Prefetcher | None = None
         self._deliver_lock = threading.Lock()
@@ -136,7 +137,7 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
     def __iter__(self) -> TokenStream:
         return self
 
-    def __next__(self) -> tuple[np.ndarray, np.ndarray]:
+    def __next__(self) -> Batch:
         if not self._options.prefetch:
             with self._lock:
                 return self._produce()
@@ -148,56 +149,45 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
                 self._prefetcher = Prefetcher(
                     self, TokenStream._produce_ahead, self._options.prefetch
                 )
-            windows, targets, self._delivered = self._prefetcher.get()
-            return windows, targets
+            batch, self._delivered = self._prefetcher.get()
+            return batch
 
-    def _produce_ahead(self) -> tuple[np.ndarray, np.ndarray, Cursor]:
+    def _produce_ahead(self) -> tuple[Batch, Cursor]:
         with self._lock:
-            windows, targets = self._produce()
-            return windows, targets, self._cursor
+            batch = self._produce()
+            return batch, self._cursor
 
-    def _produce(self) -> tuple[np.ndarray, np.ndarray]:
+    def _produce(self) -> Batch:
         """Assemble the batch at the live cursor and advance it; the caller holds the lock."""
         cursor, options = self._cursor, self._options
         if self._closed or cursor.epoch >= options.epochs or self.batches_per_epoch == 0:
             raise StopIteration
         count = self._order.rows(cursor)
         if self._readahead is None:
-            starts = self._order.batch_windows(cursor, count)
+            windows_index = self._order.batch_windows(cursor, count)
         else:
-            starts = self._readahead.batch_windows(cursor, count)
-        next_only = options.targets == "next"
+            windows_index = self._readahead.batch_windows(cursor, count)
         if options.reuse_buffers:
-            windows, targets = self._ring_slot()
-            windows, targets = windows[:count], targets[:count]
+            buffers = _batch.rows_of(self._ring_slot(), count)
         else:
-            windows = np.empty((count, options.block), dtype=np.int64)
-            targets = np.empty((count,) if next_only else (count, options.block), np.int64)
-        if next_only:
-            self._gather(starts, windows, targets)
-        else:
-            self._gather(starts, windows, None, targets)
+            buffers = _batch.new_buffers(options, count)
+        _batch.fill(self._gather, windows_index, buffers)
         # The cursor moves in one assignment, so an interrupt leaves it before or after.
         self._cursor = self._order.after(cursor)
-        return windows, targets
+        return _batch.assemble(buffers, options.extras)
 
-    def _ring_slot(self) -> tuple[np.ndarray, np.ndarray]:
+    def _ring_slot(self) -> dict[str, np.ndarray]:
         """The next buffers of the ``reuse_buffers`` ring, allocated the first time each is used.
 
         Growing the ring as batches are made, rather than allocating all of it up front, keeps a
         large ``reuse_buffers`` (or a stream that yields nothing) from allocating buffers no batch
         will ever fill: ``reuse_buffers=2**40`` would otherwise never finish being made.
         """
-        options = self._options
-        if len(self._ring) < options.reuse_buffers:
-            rows = self._order.max_rows
-            target_shape = (rows,) if options.targets == "next" else (rows, options.block)
-            self._ring.append(
-                (np.empty((rows, options.block), np.int64), np.empty(target_shape, np.int64))
-            )
+        if len(self._ring) < self._options.reuse_buffers:
+            self._ring.append(_batch.new_buffers(self._options, self._order.max_rows))
             return self._ring[-1]
         slot = self._ring[self._ring_next]
-        self._ring_next = (self._ring_next + 1) % options.reuse_buffers
+        self._ring_next = (self._ring_next + 1) % self._options.reuse_buffers
         return slot
 
     def close(self) -> None:
@@ -278,6 +268,27 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
                 self._cursor, self._closed, self._delivered = cursor, False, None
 
 
+def _window_space(corpus: Corpus, options: StreamOptions) -> WindowGather:
+    """The corpus' windows for ``options``: stride, window policy and document boundaries."""
+    if options.eos is not None:
+        info = np.iinfo(corpus.dtype)
+        if not int(info.min) <= options.eos <= int(info.max):
+            raise ValueError(
+                f"eos must be a token id of the corpus dtype {corpus.dtype} "
+                f"([{info.min}, {info.max}]), got {options.eos}"
+            )
+    boundaries = None
+    if options.windows == "within":
+        boundaries = (
+            corpus.document_boundaries if options.eos is None
+            else corpus.boundaries_with_eos(options.eos)
+        )
+    return WindowGather(
+        corpus, options.block, prefetch=options.shuffle, stride=options.stride,
+        document_boundaries=boundaries, eos=options.eos,
+    )
+
+
 def _option_property(name: str) -> property:
     return property(
         lambda self: getattr(self._options, name), doc=f"The validated ``{name}`` (read-only)."
@@ -308,7 +319,7 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
     seed
         Seed of the epoch orders, in ``[0, 2**32)``.
     targets
-        ``"next"`` yields the ``(b,)`` next tokens, as the spec does; ``"shifted"`` yields the
+        ``"next"`` yields the ``(b,)`` next tokens, as the reference generator does; ``"shifted"`` yields the
         ``(b, block)`` windows shifted by one token, as language-model training uses.
     rank, world_size
         This process' share of each epoch (see the module docstring).
@@ -318,6 +329,8 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         ``"materialized"``: the reference's ``RandomState`` permutation (exact parity; one
         O(windows) int64 array per epoch). ``"implicit"``: a keyed pseudo-random bijection
         evaluated per position, no O(windows) memory; a different order from the reference's.
+        ``None`` (default): materialized for the reference's windows (``stride=1``,
+        ``windows="cross"``, no ``eos``), implicit otherwise.
     prefetch
         Batches a background thread assembles ahead of the caller (0: none, the default).
     reuse_buffers
@@ -325,6 +338,19 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         cycles through ``k`` preallocated batches, so a batch is overwritten ``k`` batches
         later (saves the page faults of a fresh multi-MB buffer per batch). With prefetching it
         must be at least ``prefetch + 2``.
+
+    stride
+        Window starts ``0, stride, 2 * stride, ...`` in each shard (or document) while
+        ``start + block < len``. ``stride=block`` gives non-overlapping samples of ``block + 1``
+        tokens that share one boundary token, so each token is a target once per epoch.
+    eos
+        A token id that ends a document (the token itself is the document's last).
+    windows
+        ``"cross"`` (default): windows may span documents. ``"within"``: only windows whose
+        ``block + 1`` tokens lie inside one document, at ``document_start + k * stride``.
+    extras
+        Names from ``"position_ids"``, ``"loss_mask"``, ``"cu_seqlens"``: each batch is then a
+        dict with ``"input_ids"``, ``"labels"`` and the extras (see :mod:`tokstream._batch`).
 
     Returns
     -------
