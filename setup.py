@@ -31,7 +31,7 @@ extensions = [
     )
     # The window kernel; the document kernel; read-ahead advice for memory-mapped corpora; the
     # plain C loop that benchmarks hold the kernel to.
-    for name in ("_windows", "_documents", "_readahead", "_baseline_loop")
+    for name in ("_windows", "_documents", "_advice", "_baseline_loop")
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=directives))

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
-from tokstream._filemap import FileMap
+from tokstream._advice import advise_windows
 from tokstream._documents import document_positions
+from tokstream._filemap import FileMap
 from tokstream._windows import gather_windows
 
 
@@ -344,6 +345,7 @@ class WindowGather:
         key = f"{corpus.dtype.name}_t"
         self._kernel = gather_windows.__signatures__[key]
         self._positions = document_positions.__signatures__[key]
+        self._advise = advise_windows.__signatures__[key]
         self._eos = 0 if eos is None else eos
         self._use_eos = eos is not None
         # Each shard's recorded document starts, local to the shard, for the document kernel.
@@ -385,14 +387,7 @@ class WindowGather:
                     position_ids, label_continues, None,
                 )
             return
-        shard_of = np.searchsorted(self._shard_starts, starts, side="right") - 1
-        order = np.argsort(shard_of, kind="stable")
-        boundaries = np.flatnonzero(np.diff(shard_of[order])) + 1
-        for group in np.split(order, boundaries):
-            if group.shape[0] == 0:
-                continue
-            shard = int(shard_of[group[0]])
-            local_starts = starts[group] - self._shard_starts[shard]
+        for shard, group, local_starts in self._by_shard(starts):
             tokens = self._shards[shard]
             self._kernel(
                 tokens, local_starts, windows, next_tokens, targets, group, self._prefetch
@@ -402,6 +397,32 @@ class WindowGather:
                     tokens, local_starts, self._document_starts[shard], self._eos,
                     self._use_eos, position_ids, label_continues, group,
                 )
+
+    def advise(self, windows_index: np.ndarray, sample: int) -> int:
+        """Ask the OS to start reading these windows, unless a sample of them is in memory.
+
+        See :func:`tokstream._advice.advise_windows`; returns how many windows were advised (0
+        when the sampled windows were all resident, or where ``madvise`` does not exist).
+        """
+        starts = self.token_starts(windows_index)
+        span = self.block + 1
+        if self._single is not None:
+            return self._advise(self._single, starts, span, sample)
+        return sum(
+            self._advise(self._shards[shard], local_starts, span, sample)
+            for shard, _, local_starts in self._by_shard(starts)
+        )
+
+    def _by_shard(self, starts: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """``(shard, rows, starts local to the shard)`` for each shard some windows start in."""
+        shard_of = np.searchsorted(self._shard_starts, starts, side="right") - 1
+        order = np.argsort(shard_of, kind="stable")
+        boundaries = np.flatnonzero(np.diff(shard_of[order])) + 1
+        for group in np.split(order, boundaries):
+            if group.shape[0] == 0:
+                continue
+            shard = int(shard_of[group[0]])
+            yield shard, group, starts[group] - self._shard_starts[shard]
 
 
 def windows_per_segment(lengths: np.ndarray, block: int, stride: int) -> np.ndarray:

@@ -17,13 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from tokstream import _batch, _state
+from tokstream import _advice, _batch, _state
 from tokstream._batch import Batch
 from tokstream._order import WindowOrder
 from tokstream._state import Cursor
 from tokstream._validate import StreamOptions, stream_signature
 from tokstream.corpus import Corpus, WindowGather
 from tokstream.prefetch import Prefetcher
+from tokstream.readahead import ReadAhead
 
 
 class TokenStream(Iterator[Batch]):
@@ -66,6 +67,13 @@ class TokenStream(Iterator[Batch]):
         self._gather = _window_space(corpus, options)
         corpus.advise(options.shuffle)
         self._order = WindowOrder(self._gather.num_windows, options)
+        # Random windows of a memory-mapped corpus are read ahead; sequential ones are left to
+        # the OS's own read-ahead (MADV_SEQUENTIAL), arrays in RAM need none.
+        self._readahead = (
+            ReadAhead(self._order, self._gather, options.batch_size)
+            if options.shuffle and _advice.AVAILABLE and next(corpus.memory_maps(), None)
+            else None
+        )
         self._config = _state.config(corpus, options)
         self._lock = threading.Lock()
         self._closed = False
@@ -155,7 +163,10 @@ class TokenStream(Iterator[Batch]):
         if self._closed or cursor.epoch >= options.epochs or self.batches_per_epoch == 0:
             raise StopIteration
         count = self._order.rows(cursor)
-        windows_index = self._order.batch_windows(cursor, count)
+        if self._readahead is None:
+            windows_index = self._order.batch_windows(cursor, count)
+        else:
+            windows_index = self._readahead.batch_windows(cursor, count)
         if options.reuse_buffers:
             buffers = _batch.rows_of(self._ring_slot(), count)
         else:
@@ -189,6 +200,8 @@ class TokenStream(Iterator[Batch]):
             with self._lock:
                 self._closed = True
                 self._order.release()
+                if self._readahead is not None:
+                    self._readahead.reset()
 
     def _stop_prefetcher(self) -> None:
         if self._prefetcher is not None:
@@ -246,6 +259,8 @@ class TokenStream(Iterator[Batch]):
             self._stop_prefetcher()
             with self._lock:
                 self._order.release()
+                if self._readahead is not None:
+                    self._readahead.reset()
                 if cursor.position // self.global_batch_size == self.batches_per_epoch > 0:
                     # Only an elastic resume gets here: the saved world size cut the epoch's
                     # tail later than this one does, so this epoch is already over.
