@@ -6,6 +6,7 @@ against the pure-NumPy oracle of tests/oracle_documents.py.
 
 from __future__ import annotations
 
+import tracemalloc
 from itertools import pairwise
 
 import numpy as np
@@ -346,3 +347,68 @@ def test_the_torch_dataset_gives_the_oracles_batches_as_tensors():
         {k: v if k == "max_seqlen" else v.numpy() for k, v in batch.items()} for batch in dataset
     ]
     assert_same_batches(got, expected_batches(shards, 2, 2, **run))
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory: strided and within-document index spaces cost O(documents), never O(windows)
+
+MB = 1 << 20
+
+
+def traced_peak_beyond_batches(stream, batches: int) -> tuple[int, int]:
+    """Peak traced bytes over ``batches`` batches, and the bytes of two batches."""
+    tracemalloc.start()
+    try:
+        held = None
+        for _, batch in zip(range(batches), stream, strict=False):
+            held = batch
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    arrays = held.values() if isinstance(held, dict) else held
+    return peak, 2 * sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+
+
+@pytest.fixture(scope="module")
+def sparse_tokens(tmp_path_factory) -> np.memmap:
+    """10**8 uint16 tokens in a sparse file: zeros, with an eos (7) every 100,000 tokens."""
+    path = tmp_path_factory.mktemp("sparse") / "tokens.bin"
+    with open(path, "wb") as file:
+        file.truncate(2 * 10**8)
+    tokens = np.memmap(path, np.uint16, "r+")
+    tokens[99_999::100_000] = 7
+    tokens.flush()
+    return np.memmap(path, np.uint16, "r")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "run",
+    [
+        pytest.param({"stride": 7}, id="strided_cross"),
+        pytest.param({"stride": 3, "windows": "within", "documents": 10**4}, id="within_recorded"),
+        pytest.param({"windows": "within", "eos": 7}, id="within_eos"),
+        pytest.param({"stride": 5, "eos": 7, "extras": ALL_EXTRAS}, id="strided_eos_extras"),
+    ],
+)
+def test_implicit_order_over_1e8_tokens_allocates_nothing_per_window(sparse_tokens, run):
+    run = dict(run)
+    documents = run.pop("documents", None)
+    if documents:
+        boundaries = np.linspace(0, sparse_tokens.shape[0], documents + 1).astype(np.int64)
+        corpus = Corpus._from_arrays([sparse_tokens], ["tokens"], "tokens", [boundaries])
+    else:
+        corpus = Corpus.from_tokens(sparse_tokens)
+
+    tracemalloc.start()
+    try:
+        stream = stream_token_source(corpus, 1024, 64, seed=1, targets="shifted", **run)
+        _, made_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert stream.options.permutation == "implicit"
+    assert stream.num_windows > 10**7  # an int64 per window would be 80 MB or more
+    peak, batches = traced_peak_beyond_batches(stream, 20)
+    print(f"{run}: made in {made_peak / MB:.2f} MiB, 20 batches {(peak - batches) / MB:.2f} MiB")
+    assert made_peak < 4 * MB, f"making the stream peaked at {made_peak / MB:.1f} MiB"
+    assert peak - batches < 4 * MB, f"peak {peak / MB:.1f} MiB beyond two batches"
