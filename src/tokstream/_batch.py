@@ -44,7 +44,7 @@ def rows_of(buffers: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]
 
 
 def fill(gather: WindowGather, windows_index: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
-    """Have the kernels copy the windows ``windows_index`` (and their positions) into ``buffers``."""
+    """Have the kernels copy windows ``windows_index`` (and their positions) into ``buffers``."""
     labels = buffers["labels"]
     next_tokens, targets = (labels, None) if labels.ndim == 1 else (None, labels)
     gather(

@@ -319,8 +319,9 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
     seed
         Seed of the epoch orders, in ``[0, 2**32)``.
     targets
-        ``"next"`` yields the ``(b,)`` next tokens, as the reference generator does; ``"shifted"`` yields the
-        ``(b, block)`` windows shifted by one token, as language-model training uses.
+        ``"next"`` yields the ``(b,)`` next tokens, as the reference generator does;
+        ``"shifted"`` yields the ``(b, block)`` windows shifted by one token, as language-model
+        training uses.
     rank, world_size
         This process' share of each epoch (see the module docstring).
     drop_last
