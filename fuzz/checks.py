@@ -202,6 +202,8 @@ def check_token_file(directory, token_file: TokenFile) -> str:
     a stream over what it gives yields the model's batches, read in bounds (debug build)."""
     path = directory / token_file.name
     path.write_bytes(token_file.data)
+    for name, data in token_file.beside.items():
+        (directory / name).write_bytes(data)
     try:
         expected = file_verdict(path, token_file.data, token_file.kwargs)
         try:
@@ -210,7 +212,8 @@ def check_token_file(directory, token_file: TokenFile) -> str:
             assert isinstance(expected, type), f"a valid file raised {exc!r}"
             assert type(exc) is expected, f"{exc!r}: expected {expected.__name__}"
             names_argument = any(k in str(exc) for k in ("dtype", "format"))
-            assert str(path) in str(exc) or names_argument, f"{exc!r} does not name the file"
+            names_file = any(str(directory / n) in str(exc) for n in token_file.names())
+            assert names_file or names_argument, f"{exc!r} does not name the file"
             return f"file {type(exc).__name__}"
         assert not isinstance(expected, type), f"expected {expected.__name__}, got {corpus}"
         (shard,) = corpus.shards
@@ -238,6 +241,8 @@ def check_token_file(directory, token_file: TokenFile) -> str:
         return "file accepted"
     finally:
         path.unlink()
+        for name in token_file.beside:
+            (directory / name).unlink()
 
 
 def cli_flags(kwargs: dict[str, Any], prefix: str = "") -> list[str] | None:
@@ -273,6 +278,8 @@ def check_cli_file(directory, token_file: TokenFile) -> str:
     path = directory / token_file.name
     output = directory / "converted.npy"
     path.write_bytes(token_file.data)
+    for name, data in token_file.beside.items():
+        (directory / name).write_bytes(data)
     try:
         expected = file_verdict(path, token_file.data, token_file.kwargs)
         code, out, err = run_cli(["inspect", "--json", "--quiet", str(path), *inspect_flags])
@@ -280,7 +287,8 @@ def check_cli_file(directory, token_file: TokenFile) -> str:
         if isinstance(expected, type):
             assert code in (1, 2), f"inspect exited {code} on a bad file: {out!r} {err!r}"
             if code == 1:
-                assert err.count("\n") == 1 and str(path) in err, err
+                assert err.count("\n") == 1, err
+                assert any(str(directory / n) in err for n in token_file.names()), err
             return f"cli exit {code}"
         assert code == 0, f"inspect exited {code} on a valid file: {err!r}"
         (summary,) = json.loads(out)
@@ -299,3 +307,5 @@ def check_cli_file(directory, token_file: TokenFile) -> str:
     finally:
         path.unlink()
         output.unlink(missing_ok=True)
+        for name in token_file.beside:
+            (directory / name).unlink()

@@ -9,6 +9,7 @@ Python, and reads token files with ``np.load``/``np.frombuffer``. A call the mod
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -297,18 +298,32 @@ def cursor_of(state: dict[str, Any]) -> tuple:
 
 NPY_MAGIC = b"\x93NUMPY"
 LLMC_MAGIC, LLMC_HEADER_BYTES = 20240520, 1024
+#: llm.c (magic, version) -> token dtype: GPT-2 shards and llama-3 shards.
+LLMC_KINDS = {(20240520, 1): "<u2", (20240801, 7): "<u4"}
+MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
+MEGATRON_DTYPES = {1: "<u1", 2: "<i1", 3: "<i2", 4: "<i4", 5: "<i8", 8: "<u2"}
+FORMATS = ("npy", "bin", "llmc", "megatron", "arrow")
 
 
 class TokenFile:
-    """A fuzzed token file: its bytes, its name, and the arguments ``open_tokens`` gets."""
+    """A fuzzed token file: its bytes, its name, the arguments ``open_tokens`` gets, and the
+    files written beside it (a Megatron ``.idx``)."""
 
-    def __init__(self, name: str, data: bytes, kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, name: str, data: bytes, kwargs: dict[str, Any], beside: dict[str, bytes] | None = None
+    ) -> None:
         self.name, self.data, self.kwargs = name, data, kwargs
+        self.beside = beside or {}
+
+    def names(self) -> list[str]:
+        """The file opened and the files beside it: an error may name any of them."""
+        return [self.name, *self.beside]
 
     def __repr__(self) -> str:
+        beside = {name: data[:64] for name, data in self.beside.items()}
         return (
             f"TokenFile({self.name!r}, {len(self.data)} bytes {self.data[:96]!r}..., "
-            f"{self.kwargs!r})"
+            f"{self.kwargs!r}, beside={beside!r})"
         )
 
 
@@ -321,7 +336,7 @@ def file_verdict(path, data: bytes, kwargs: dict[str, Any]) -> np.ndarray | type
     fmt, want = kwargs.get("format"), kwargs.get("dtype")
     if fmt is not None and not isinstance(fmt, str):
         return TypeError
-    if fmt is not None and fmt not in ("npy", "bin", "llmc"):
+    if fmt is not None and fmt not in FORMATS:
         return ValueError
     if want is not None:
         try:
@@ -333,22 +348,63 @@ def file_verdict(path, data: bytes, kwargs: dict[str, Any]) -> np.ndarray | type
     return ValueError if tokens is None else tokens
 
 
+def _looks_like_another_kind(data: bytes) -> bool:
+    """Archives, compressed files, Parquet, Feather v1 and JSON, as the files docs list them."""
+    head = data[:256]
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")) and b"PK\x05\x06" in data[-65557:]:
+        return True
+    if head.startswith((b"\x1f\x8b\x08", b"\x28\xb5\x2f\xfd", b"FEA1")):
+        return True
+    if head.startswith(b"PAR1") and data.endswith(b"PAR1"):
+        return True
+    if any(byte < 32 and byte not in (9, 10, 13) for byte in head):
+        return False
+    text = head.lstrip(b" \t\r\n")
+    if len(text) < 2 or text[:1] not in (b"{", b"["):
+        return False
+    if text[1:].lstrip(b" \t\r\n")[:1] not in [bytes([c]) for c in b'"{}[]-0123456789tfn']:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start >= len(head) - 3 and len(head) == 256
+    return True
+
+
+def detect(path, data: bytes) -> str | None:
+    """The format the content says, or None for a file that must be refused."""
+    if data.startswith(NPY_MAGIC):
+        return "npy"
+    if data.startswith(MEGATRON_MAGIC):
+        return "megatron"
+    if data.startswith(b"ARROW1"):
+        return "arrow"
+    if data.startswith(b"\xff\xff\xff\xff") and len(data) >= 8:
+        if 0 < int.from_bytes(data[4:8], "little", signed=True) <= len(data) - 8:
+            return "arrow"
+    magic = int.from_bytes(data[:4], "little") if len(data) >= 4 else None
+    if magic in (20240520, 20240801):
+        return "llmc"
+    if magic == 20240522 or _looks_like_another_kind(data):
+        return None
+    if str(path).endswith(".npy"):
+        return None
+    index = str(path)[:-4] + ".idx"
+    if str(path).endswith(".bin") and os.path.exists(index):
+        with open(index, "rb") as f:
+            if f.read(9) == MEGATRON_MAGIC:
+                return "megatron"
+    return "bin"
+
+
 def independent_read(path, data: bytes, kwargs: dict[str, Any]) -> np.ndarray | None:
     """What the file holds, read without tokstream, or None if it is not a valid token file."""
-    detected = "bin"
-    if data.startswith(NPY_MAGIC):
-        detected = "npy"
-    elif len(data) >= 4 and int.from_bytes(data[:4], "little", signed=True) in (
-        LLMC_MAGIC,
-        20240801,
-        20240522,
-    ):
-        detected = "llmc"
-    fmt = kwargs.get("format") or detected
-    if fmt != "bin" and fmt != detected:
-        return None
-    if kwargs.get("format") is None and str(path).endswith(".npy") and detected != "npy":
-        return None
+    fmt = kwargs.get("format")
+    if fmt != "bin":
+        detected = detect(path, data)
+        if detected is None or (fmt is not None and fmt != detected):
+            return None
+        fmt = detected
     want = kwargs.get("dtype")
     if fmt == "npy":
         try:
@@ -366,18 +422,102 @@ def independent_read(path, data: bytes, kwargs: dict[str, Any]) -> np.ndarray | 
         if len(data) < LLMC_HEADER_BYTES:
             return None
         magic, version, count = np.frombuffer(data[:12], dtype="<i4").tolist()
-        if magic != LLMC_MAGIC or version != 1 or count < 0:
+        dtype = LLMC_KINDS.get((magic, version))
+        if dtype is None or count < 0:
             return None
-        if LLMC_HEADER_BYTES + 2 * count != len(data):
+        if LLMC_HEADER_BYTES + np.dtype(dtype).itemsize * count != len(data):
             return None
-        tokens = np.frombuffer(data[LLMC_HEADER_BYTES:], dtype="<u2")
+        tokens = np.frombuffer(data[LLMC_HEADER_BYTES:], dtype=dtype)
+    elif fmt == "megatron":
+        if data.startswith(MEGATRON_MAGIC) and not str(path).endswith(".idx"):
+            return None  # an index must be named PREFIX.idx
+        tokens = _megatron_read(str(path))
+    elif fmt == "arrow":
+        tokens = _arrow_read(data)
     else:
         dtype = np.dtype(np.uint16 if want is None else want)
         if len(data) % dtype.itemsize:
             return None
         tokens = np.frombuffer(data, dtype=dtype)
+    if tokens is None:
+        return None
     if want is not None and tokens.dtype.newbyteorder("=") != np.dtype(want).newbyteorder("="):
         return None
     if tokens.dtype.kind == "u" and tokens.size and int(tokens.max()) > INT64_MAX:
         return None
     return tokens
+
+
+def _megatron_read(path: str) -> np.ndarray | None:
+    """Megatron-LM's index read with struct-level care: every field checked by hand."""
+    prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
+    try:
+        with open(prefix + ".idx", "rb") as f:
+            index = f.read()
+        with open(prefix + ".bin", "rb") as f:
+            tokens_bytes = f.read()
+    except OSError:
+        return None
+    if len(index) < 34 or not index.startswith(MEGATRON_MAGIC):
+        return None
+    version = int.from_bytes(index[9:17], "little")
+    code = index[17]
+    sequences = int.from_bytes(index[18:26], "little")
+    documents = int.from_bytes(index[26:34], "little")
+    if version != 1 or code not in MEGATRON_DTYPES or documents == 0:
+        return None
+    if len(index) != 34 + 12 * sequences + 8 * documents:
+        return None
+    dtype = np.dtype(MEGATRON_DTYPES[code])
+    lengths = np.frombuffer(index, "<i4", sequences, 34).astype(np.int64)
+    pointers = np.frombuffer(index, "<i8", sequences, 34 + 4 * sequences)
+    starts = np.frombuffer(index, "<i8", documents, 34 + 12 * sequences)
+    if np.any(lengths < 0):
+        return None
+    expected = 0
+    for length, pointer in zip(lengths.tolist(), pointers.tolist(), strict=True):
+        if pointer != expected * dtype.itemsize:
+            return None
+        expected += length
+    if len(tokens_bytes) != expected * dtype.itemsize:
+        return None
+    if starts[0] != 0 or starts[-1] != sequences or np.any(np.diff(starts) < 0):
+        return None
+    return np.frombuffer(tokens_bytes, dtype=dtype)
+
+
+def _arrow_read(data: bytes) -> np.ndarray | None:
+    """pyarrow's own reading of the one record batch's ``input_ids`` lists, fully validated."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        return None
+    try:
+        source = pa.BufferReader(data)
+        if data.startswith(b"ARROW1"):
+            reader = pa.ipc.open_file(source)
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        else:
+            reader = pa.ipc.open_stream(source)
+            batches = list(reader)
+        for batch in batches:
+            batch.validate(full=True)
+    except Exception:
+        return None
+    schema = reader.schema
+    if len(batches) > 1 or "input_ids" not in schema.names:
+        return None
+    kind = schema.field("input_ids").type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return None
+    if not pa.types.is_integer(kind.value_type):
+        return None
+    if not batches:
+        return np.zeros(0, dtype=kind.value_type.to_pandas_dtype())
+    column = batches[0].column("input_ids")
+    if column.null_count:
+        return None
+    values = column.flatten()
+    if values.null_count:
+        return None
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=values.type.to_pandas_dtype())

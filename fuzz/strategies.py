@@ -17,6 +17,8 @@ from hypothesis.extra import numpy as hnp
 from fuzz.model import (
     INT64_MIN,
     LLMC_MAGIC,
+    MEGATRON_DTYPES,
+    MEGATRON_MAGIC,
     NPY_MAGIC,
     Rejected,
     ShardList,
@@ -343,11 +345,15 @@ NPY_DESCRS = [
 
 @st.composite
 def token_files(draw) -> TokenFile:
-    kind = draw(st.sampled_from(["npy", "llmc", "bin"]))
+    kind = draw(st.sampled_from(["npy", "llmc", "bin", "llmc7", "megatron", "arrow", "other"]))
+    if kind == "arrow" and not _has_pyarrow():
+        kind = "bin"
     count = draw(st.integers(0, 300))
     kwargs: dict[str, Any] = {}
     if draw(st.integers(0, 3)) == 0:
-        kwargs["format"] = draw(st.sampled_from(["npy", "llmc", "bin", "zip", None, 3]))
+        kwargs["format"] = draw(
+            st.sampled_from(["npy", "llmc", "bin", "megatron", "arrow", "zip", None, 3])
+        )
     if draw(st.integers(0, 2)) == 0:
         kwargs["dtype"] = draw(
             st.sampled_from(
@@ -409,6 +415,18 @@ def token_files(draw) -> TokenFile:
                 )
             )
         data, name = header.tobytes() + values.tobytes(), "shard.bin"
+    elif kind == "llmc7":
+        values = draw(hnp.arrays(np.dtype("<u4"), count))
+        header = np.zeros(256, dtype="<i4")
+        header[:3] = (20240801, draw(st.sampled_from([7, 7, 7, 1])), count)
+        data, name = header.tobytes() + values.tobytes(), "llama3_shard.bin"
+    elif kind == "megatron":
+        data, name, beside = draw(megatron_files(pristine))
+    elif kind == "arrow":
+        data, name = draw(arrow_files(pristine)), "data-00000-of-00001.arrow"
+    elif kind == "other":
+        data = draw(st.sampled_from(OTHER_KINDS)) + draw(st.binary(max_size=64))
+        name = "tokens.bin"
     else:
         data = draw(st.binary(max_size=600))
         name = draw(st.sampled_from(["tokens.bin", "tokens.npy", "tokens"]))
@@ -423,4 +441,81 @@ def token_files(draw) -> TokenFile:
             patch = draw(st.binary(min_size=1, max_size=4))
             cut = min(cut, len(data) - 1)
             data = data[:cut] + patch + data[cut + len(patch) :]
-    return TokenFile(name, data, kwargs)
+    return TokenFile(name, data, kwargs, beside if kind == "megatron" else None)
+
+
+#: First bytes of files of other kinds (zip, gzip, zstd, Parquet, Feather v1, JSON, JSON Lines).
+OTHER_KINDS = [
+    b"PK\x05\x06" + bytes(18),
+    b"\x1f\x8b\x08\x00",
+    b"\x28\xb5\x2f\xfd",
+    b"PAR1",
+    b"FEA1",
+    b'{"text": "a"}\n',
+    b"[1, 2, 3]",
+    b"\xff\xff\xff\xff\x08\x00\x00\x00",
+    b"ARROW1\x00\x00",
+    b"MMIDIDX\x00\x00",
+]
+
+
+def _has_pyarrow() -> bool:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@st.composite
+def megatron_files(draw, pristine: bool) -> tuple[bytes, str, dict[str, bytes]]:
+    """``data.bin`` and ``data.idx`` laid out as Megatron-LM writes them, the index maybe lying."""
+    code = draw(st.sampled_from(sorted(MEGATRON_DTYPES)))
+    dtype = np.dtype(MEGATRON_DTYPES[code])
+    lengths = draw(st.lists(st.integers(0, 20), max_size=8))
+    tokens = draw(hnp.arrays(dtype, sum(lengths)))
+    documents = sorted(draw(st.lists(st.integers(0, len(lengths)), max_size=4)))
+    starts = [0, *documents, len(lengths)]
+    pointers = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) * dtype.itemsize
+    fields = {
+        "version": 1, "code": code, "sequences": len(lengths), "documents": len(starts),
+        "lengths": lengths, "pointers": pointers.tolist(), "starts": starts,
+    }
+    if not pristine:
+        name = draw(st.sampled_from(sorted(fields)))
+        value = fields[name]
+        if isinstance(value, list):
+            if value:
+                at = draw(st.integers(0, len(value) - 1))
+                value = [*value[:at], draw(st.integers(-5, 2**40)), *value[at + 1 :]]
+        else:
+            value = draw(st.sampled_from([0, 1, 2, 6, 7, 9, 255, value + 1, max(value - 1, 0)]))
+        fields[name] = value
+    index = (
+        MEGATRON_MAGIC
+        + fields["version"].to_bytes(8, "little")
+        + bytes([fields["code"] % 256])
+        + fields["sequences"].to_bytes(8, "little")
+        + fields["documents"].to_bytes(8, "little")
+        + np.asarray(fields["lengths"], dtype=np.int64).astype("<i4").tobytes()
+        + np.asarray(fields["pointers"], dtype="<i8").tobytes()
+        + np.asarray(fields["starts"], dtype="<i8").tobytes()
+    )
+    return tokens.tobytes(), "data.bin", {"data.idx": index}
+
+
+@st.composite
+def arrow_files(draw, pristine: bool) -> bytes:
+    """One record batch of an ``input_ids`` list column, as an IPC stream or file."""
+    import pyarrow as pa
+
+    value_type = draw(st.sampled_from([pa.int32(), pa.uint16(), pa.int64(), pa.float32()]))
+    documents = draw(st.lists(st.lists(st.integers(0, 30000), max_size=6), max_size=6))
+    column = pa.array(documents, pa.list_(value_type))
+    name = "input_ids" if pristine or draw(st.booleans()) else "tokens"
+    table = pa.table({name: column})
+    sink = pa.BufferOutputStream()
+    new = pa.ipc.new_file if draw(st.booleans()) else pa.ipc.new_stream
+    with new(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()

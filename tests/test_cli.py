@@ -415,9 +415,10 @@ def test_cli_dtype_options_follow_the_integer_dtype_rule_of_open_tokens(tmp_path
 def test_convert_names_the_output_suffixes_and_formats_of_the_files_table(tmp_path):
     from tokstream import files
 
-    assert files.SUFFIX_FORMATS == {".npy": "npy", ".bin": "bin"}
+    assert files.SUFFIX_FORMATS == {".npy": "npy", ".bin": "bin", ".arrow": "arrow"}
     code, _, err = run("convert", "in.npy", str(tmp_path / "out.tokens"))
-    assert code == 2 and "name it *.npy or *.bin, or pass --format npy|bin|llmc" in err
+    assert code == 2
+    assert "name it *.npy or *.bin or *.arrow, or pass --format npy|bin|llmc|megatron|arrow" in err
 
 
 @pytest.mark.parametrize(
@@ -476,14 +477,26 @@ def test_convert_raw_input_dtype(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "wide.npy"), ids)
 
 
-def test_convert_to_llmc_refuses_ids_beyond_uint16(tmp_path):
+def test_convert_to_llmc_refuses_ids_beyond_uint32(tmp_path):
+    from tokstream import files
+
+    wide = files.write_tokens(tmp_path / "wide.npy", np.array([1, 2**32]), format="npy",
+                              dtype="int64")
+    code, out, err = run("convert", str(wide), str(tmp_path / "s.bin"), "--format", "llmc")
+    assert code == 1 and out == ""
+    assert err.startswith("tokstream convert: error: ") and "neither uint16 nor uint32" in err
+    assert not (tmp_path / "s.bin").exists()
+
+
+def test_convert_to_llmc_writes_ids_beyond_uint16_as_a_version_7_shard(tmp_path):
     from tokstream import files
 
     wide = files.write_tokens(tmp_path / "wide.npy", np.array([1, 70000]), format="npy")
     code, out, err = run("convert", str(wide), str(tmp_path / "s.bin"), "--format", "llmc")
-    assert code == 1 and out == ""
-    assert err.startswith("tokstream convert: error: ") and "uint16" in err
-    assert not (tmp_path / "s.bin").exists()
+    assert code == 0, err
+    header = np.fromfile(tmp_path / "s.bin", dtype="<i4", count=3)
+    assert header.tolist() == [20240801, 7, 2]
+    assert files.open_tokens(tmp_path / "s.bin").shards[0].tolist() == [1, 70000]
 
 
 def test_convert_needs_a_format_it_can_tell(tmp_path, token_files):

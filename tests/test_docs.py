@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream import _baseline_loop, _readahead, _windows
+from tokstream import _advice, _baseline_loop, _documents, _windows
 
 # Modules whose import has a side effect (the command line runs) or needs an optional extra.
 _NOT_IMPORTED = {"tokstream.__main__"}
@@ -84,7 +84,12 @@ def test_help_shows_the_real_signature_of_the_stream() -> None:
     assert "Examples" in text
 
 
-COMPILED = {"_windows": _windows, "_readahead": _readahead, "_baseline_loop": _baseline_loop}
+COMPILED = {
+    "_windows": _windows,
+    "_documents": _documents,
+    "_advice": _advice,
+    "_baseline_loop": _baseline_loop,
+}
 
 
 @pytest.mark.parametrize(
@@ -92,8 +97,8 @@ COMPILED = {"_windows": _windows, "_readahead": _readahead, "_baseline_loop": _b
     [
         ("_windows", "gather_windows", "tokens, starts, windows"),
         ("_windows", "permuted_positions", "out, first, stride"),
-        ("_readahead", "advise_windows", "tokens, starts, span"),
-        ("_readahead", "resident_fraction", "tokens"),
+        ("_advice", "advise_windows", "tokens, starts, span"),
+        ("_advice", "resident_fraction", "tokens"),
         ("_baseline_loop", "copy_windows", "tokens, starts, windows"),
         ("_baseline_loop", "read_at", "fd, offsets, buffer"),
     ],

@@ -19,7 +19,9 @@ from tests.conftest import KERNEL_DTYPES, assert_same_batches, sharded_oracle_ba
 from tokstream import Corpus, open_tokens, stream_token_source, write_tokens
 from tokstream import reference as ref
 from tokstream._filemap import FileMap
-from tokstream.files import LLMC_MAGIC, detect_format
+from tokstream.files import detect_format
+
+LLMC_MAGIC = 20240520  # llm.c GPT-2 shards: version 1, uint16 tokens
 
 FORMATS = ["npy", "bin", "llmc"]
 
@@ -264,9 +266,9 @@ BAD_FILES = {
         "shard.bin", lambda p: write_llmc_bytes(p, [LLMC_MAGIC, 1, -5]),
         {}, "negative token count",
     ),
-    "llmc llama-3 shard": (
-        "shard.bin", lambda p: write_llmc_bytes(p, [20240801, 7, 0]),
-        {}, "llama-3",
+    "llmc version 1 under the llama-3 magic": (
+        "shard.bin", lambda p: write_llmc_bytes(p, [20240801, 1, 0]),
+        {}, "unknown llm.c version 1 for magic 20240801",
     ),
     "llmc asked of a wrong dtype": (
         "shard.bin", lambda p: write_llmc_bytes(p, [LLMC_MAGIC, 1, 2], [7, 8]),
@@ -386,8 +388,8 @@ def test_wrong_arguments_to_open_tokens_are_rejected(tmp_path, call, error, mess
 @pytest.mark.parametrize(
     "ids, kwargs, error, message",
     [
-        (np.array([0, 65536]), {"format": "llmc"}, ValueError, "uint16"),
-        (np.array([0, 5]), {"format": "llmc", "dtype": np.uint32}, ValueError, "uint16"),
+        (np.array([0, 2**32]), {"format": "llmc"}, ValueError, "llm.c stores nothing wider"),
+        (np.array([0, 5]), {"format": "llmc", "dtype": np.int32}, ValueError, "uint16 or uint32"),
         (np.array([-1, 5]), {}, ValueError, r"\[-1, 5\].*neither uint16 nor uint32"),
         (np.array([0, 2**32]), {"format": "bin"}, ValueError, "neither uint16 nor uint32"),
         (np.array([0, 300]), {"dtype": np.uint8}, ValueError, r"\[0, 300\].*uint8"),

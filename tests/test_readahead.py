@@ -1,7 +1,12 @@
-"""Read-ahead advice: it reads the windows it is told to, skips what is resident, harms nothing."""
+"""The stream's read-ahead: same batches with or without it, real advice on evicted files.
+
+Read-ahead only decides what the OS reads and when, so every check of batches compares a stream
+over an evicted (or cached) file with a stream over the same tokens in RAM, which has none.
+"""
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -9,82 +14,137 @@ import time
 import numpy as np
 import pytest
 
-from tokstream import _readahead
-
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+from tests.conftest import assert_same_batches
+from tokstream import Corpus, open_tokens, stream_token_source, write_tokens
+from tokstream._advice import resident_fraction
+from tokstream.readahead import WARM_AFTER, WINDOWS_AHEAD
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="eviction with posix_fadvise is Linux-only"
 )
 
 
-def _evicted_map(path, num_tokens: int) -> np.memmap:
-    """A uint16 file of ``num_tokens`` tokens, written, flushed and dropped from the page cache."""
-    np.random.default_rng(0).integers(0, 50000, num_tokens, dtype=np.uint16).tofile(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    tokens = np.memmap(path, dtype=np.uint16, mode="r")
-    if _readahead.resident_fraction(tokens) > 0.5:
-        pytest.skip("this file system keeps the file in memory (tmpfs?)")
+def evict(*paths) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def token_file(path, count: int, seed: int = 0, dtype: str = "uint16"):
+    tokens = np.random.default_rng(seed).integers(0, 50000, count).astype(dtype)
+    write_tokens(path, tokens)
     return tokens
 
 
-def _wait_resident(tokens: np.ndarray, seconds: float = 10.0) -> float:
-    deadline = time.monotonic() + seconds
-    while (fraction := _readahead.resident_fraction(tokens)) < 1.0 and time.monotonic() < deadline:
+def evicted_corpus(*paths) -> Corpus:
+    evict(*paths)
+    corpus = open_tokens(list(paths))
+    if max(resident_fraction(shard) for shard in corpus.shards) > 0.5:
+        pytest.skip("this file system keeps files in memory (tmpfs?)")
+    return corpus
+
+
+@linux_only
+@pytest.mark.parametrize("permutation", ["implicit", "materialized"])
+@pytest.mark.parametrize(
+    ("targets", "world_size", "prefetch"), [("next", 1, 0), ("shifted", 2, 0), ("next", 1, 2)]
+)
+def test_batches_over_an_evicted_file_are_those_of_the_same_tokens_in_ram(
+    tmp_path, permutation, targets, world_size, prefetch
+):
+    tokens = token_file(tmp_path / "tokens.npy", 300_000)
+    options = dict(
+        epochs=2,
+        permutation=permutation,
+        targets=targets,
+        world_size=world_size,
+        rank=world_size - 1,
+        prefetch=prefetch,
+        seed=5,
+    )
+    in_ram = stream_token_source(tokens, 64, 96, **options)
+    mapped = stream_token_source(evicted_corpus(tmp_path / "tokens.npy"), 64, 96, **options)
+    assert in_ram._readahead is None and mapped._readahead is not None
+    assert_same_batches(mapped, in_ram)
+
+
+@linux_only
+def test_shards_are_read_ahead_each_in_its_own_file(tmp_path):
+    paths = [tmp_path / f"shard{i}.npy" for i in range(3)]
+    shards = [token_file(path, 40_000 + 7_000 * i, seed=i) for i, path in enumerate(paths)]
+    expected = stream_token_source(Corpus(shards), 32, 50, permutation="implicit", epochs=2)
+    assert_same_batches(
+        stream_token_source(evicted_corpus(*paths), 32, 50, permutation="implicit", epochs=2),
+        expected,
+    )
+
+
+@linux_only
+def test_a_resumed_stream_drops_what_it_read_ahead(tmp_path):
+    tokens = token_file(tmp_path / "tokens.npy", 100_000)
+    reference = stream_token_source(tokens, 16, 32, epochs=2, seed=1)
+    states, batches = [], []
+    for batch in reference:
+        states.append(reference.state_dict())
+        batches.append(batch)
+    mapped = stream_token_source(evicted_corpus(tmp_path / "tokens.npy"), 16, 32, epochs=2, seed=1)
+    for _ in range(5):
+        next(mapped)  # reads batches 5.. ahead
+    for index in [40, 2, len(states) - 2]:  # back, forward and near the end: all must match
+        mapped.load_state_dict(states[index])
+        assert_same_batches(itertools.islice(mapped, 3), batches[index + 1 : index + 4])
+
+
+@linux_only
+def test_the_next_batches_pages_are_read_before_they_are_gathered(tmp_path):
+    block, batch_size = 1024, 16
+    # Token i is i, so a window's first token is its start; 16 MB: 4096 pages, ~500 advised.
+    write_tokens(tmp_path / "tokens.npy", np.arange(4_000_000, dtype=np.uint32))
+    corpus = evicted_corpus(tmp_path / "tokens.npy")
+    stream = stream_token_source(corpus, block, batch_size, permutation="implicit")
+    in_ram = stream_token_source(
+        np.arange(4_000_000, dtype=np.uint32), block, batch_size, permutation="implicit"
+    )
+    next(stream)
+    next(in_ram)
+    upcoming = np.concatenate([next(in_ram)[0][:, 0] for _ in range(WINDOWS_AHEAD // batch_size)])
+    shard = corpus.shards[0]
+
+    def all_resident() -> bool:
+        return all(resident_fraction(shard[s : s + block + 1]) == 1.0 for s in upcoming)
+
+    deadline = time.monotonic() + 10
+    while not all_resident() and time.monotonic() < deadline:
         time.sleep(0.01)
-    return fraction
-
-
-def test_available_where_madvise_exists():
-    assert _readahead.AVAILABLE is (sys.platform != "win32")
+    assert all_resident()  # every window read ahead is in memory, none of them touched
+    assert resident_fraction(shard) < 0.5  # and not the whole file
 
 
 @linux_only
-def test_advice_reads_the_advised_windows_pages_and_no_others(tmp_path):
-    tokens = _evicted_map(tmp_path / "tokens.bin", 64 * PAGE)  # 128 pages of uint16
-    tokens_per_page = PAGE // 2
-    # Windows that start on pages 3, 40 and 100 and span two pages each.
-    starts = np.array([3, 40, 100], np.int64) * tokens_per_page + tokens_per_page - 4
-    assert _readahead.advise_windows(tokens, starts, 10, 4) == 3
-    for page in [3, 4, 40, 41, 100, 101]:
-        view = tokens[page * tokens_per_page : (page + 1) * tokens_per_page]
-        assert _wait_resident(view) == 1.0, page
-    assert _readahead.resident_fraction(tokens) < 0.5
-    assert _readahead.resident_fraction(tokens[50 * tokens_per_page : 90 * tokens_per_page]) == 0.0
+def test_a_file_in_the_page_cache_stops_the_look_ahead(tmp_path):
+    tokens = token_file(tmp_path / "tokens.npy", 200_000)
+    corpus = open_tokens(tmp_path / "tokens.npy")
+    np.asarray(corpus.shards[0]).max()  # every page in memory
+    stream = stream_token_source(corpus, 8, 64, permutation="implicit")
+    expected = stream_token_source(tokens, 8, 64, permutation="implicit")
+    assert_same_batches(
+        [next(stream) for _ in range(WARM_AFTER + 2)],
+        [next(expected) for _ in range(WARM_AFTER + 2)],
+    )
+    assert stream._readahead.warm
+    assert_same_batches(stream, expected)
 
 
-@linux_only
-def test_resident_windows_are_not_advised_again(tmp_path):
-    tokens = _evicted_map(tmp_path / "tokens.bin", 16 * PAGE)
-    starts = np.arange(0, tokens.shape[0] - 100, 997, dtype=np.int64)
-    assert _readahead.advise_windows(tokens, starts, 100, 4) == starts.shape[0]
-    for start in starts:
-        assert _wait_resident(tokens[start : start + 100]) == 1.0
-    assert _readahead.advise_windows(tokens, starts, 100, 4) == 0
-    # Without a sample, everything is advised again (cheap for resident pages).
-    assert _readahead.advise_windows(tokens, starts, 100, 0) == starts.shape[0]
-
-
-@pytest.mark.parametrize("dtype", ["u1", "i2", "u4", "i8"])
-def test_arrays_in_ram_are_resident_and_never_advised_after_a_sample(dtype):
-    tokens = np.arange(100_000).astype(dtype)
-    starts = np.array([0, 500, 99_000], np.int64)
-    assert _readahead.resident_fraction(tokens) == 1.0
-    assert _readahead.advise_windows(tokens, starts, 1000, 4) == 0
-
-
-def test_nothing_to_advise_is_zero_and_an_empty_array_is_resident():
-    empty = np.empty(0, np.uint16)
-    assert _readahead.advise_windows(empty, np.empty(0, np.int64), 5, 4) == 0
-    assert _readahead.advise_windows(np.arange(10), np.empty(0, np.int64), 5, 4) == 0
-    assert _readahead.resident_fraction(empty) == 1.0
-
-
-def test_a_sample_larger_than_the_batch_checks_each_window_once():
-    tokens = np.arange(1000, dtype=np.int64)
-    assert _readahead.advise_windows(tokens, np.array([1, 2], np.int64), 3, 1000) == 0
+def test_no_read_ahead_for_arrays_in_ram_or_sequential_streams(tmp_path):
+    tokens = token_file(tmp_path / "tokens.npy", 10_000)
+    assert stream_token_source(tokens, 8, 4)._readahead is None
+    mapped = open_tokens(tmp_path / "tokens.npy")
+    assert stream_token_source(mapped, 8, 4, shuffle=False)._readahead is None
+    assert_same_batches(
+        stream_token_source(mapped, 8, 4, shuffle=False),
+        stream_token_source(tokens, 8, 4, shuffle=False),
+    )

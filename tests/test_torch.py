@@ -34,9 +34,10 @@ SPAWN_TIMEOUT_SECONDS = 120
 
 
 def epoch_order(num_windows: int, seed: int, epoch: int = 0) -> np.ndarray:
-    """The window order of ``epoch`` as one process streams it."""
+    """The window order of ``epoch`` as one process streams it (the adapter's default order)."""
     stream = stream_token_source(
-        np.arange(num_windows + 1), 1, num_windows, epochs=epoch + 1, seed=seed
+        np.arange(num_windows + 1), 1, num_windows, epochs=epoch + 1, seed=seed,
+        permutation="implicit",
     )
     return [windows[:, 0] for windows, _ in stream][epoch]
 
@@ -73,7 +74,9 @@ def test_import_tokstream_never_imports_torch_and_the_adapter_names_the_extra():
 
 
 def test_batches_are_the_stream_batches_as_int64_tensors_without_a_copy(monkeypatch):
-    expected = list(stream_token_source(np.arange(60), 5, 4, targets="shifted", seed=2))
+    expected = list(
+        stream_token_source(np.arange(60), 5, 4, targets="shifted", seed=2, permutation="implicit")
+    )
     arrays = []
     original_next = tokstream_torch.TokenStream.__next__
 
@@ -429,3 +432,21 @@ def test_the_readme_ddp_example_resumes_to_bit_identical_losses(monkeypatch, tmp
         assert runs["finished, run again"] == []
     # save_every=100 left one checkpoint, at the last step.
     assert torch.load(tmp_path / "whole.pt")["step"] == 12
+
+
+def test_the_default_order_is_implicit_so_no_worker_draws_an_order_of_every_window():
+    dataset = TokenDataset(np.arange(60, dtype=np.uint16), 5, 4)
+    assert dataset.options.permutation == "implicit"
+    assert TokenDataset(np.arange(60), 5, 4, permutation="materialized").options.permutation == (
+        "materialized"
+    )
+
+
+def test_document_extras_arrive_as_a_dict_of_tensors():
+    dataset = TokenDataset(
+        np.arange(40), 4, 3, eos=5, targets="shifted", extras=("position_ids", "cu_seqlens")
+    )
+    batch = next(iter(DataLoader(dataset, batch_size=None)))
+    assert set(batch) == {"input_ids", "labels", "position_ids", "cu_seqlens", "max_seqlen"}
+    assert batch["input_ids"].dtype == torch.int64 and batch["cu_seqlens"].dtype == torch.int32
+    assert isinstance(batch["max_seqlen"], int)

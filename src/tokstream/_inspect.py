@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from tokstream import _progress, _validate, bench, files
+from tokstream.formats import megatron
 
 
 def _value_range(
@@ -37,29 +38,66 @@ class FileSummary:
     max_id: int | None
     windows: int
     bytes: int
+    #: Documents and their lengths, where the format records them (else None).
+    documents: int | None = None
+    min_document: int | None = None
+    mean_document: float | None = None
+    max_document: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        """Every field; the document fields only where documents are recorded."""
+        fields = dict(self.__dict__)
+        if self.documents is None:
+            for name in ("documents", "min_document", "mean_document", "max_document"):
+                del fields[name]
+        return fields
 
 
 def summarize(
-    path: str, block: int, dtype: str | None, format: str | None, progress: _progress.Progress
+    path: str,
+    block: int,
+    dtype: str | None,
+    format: str | None,
+    progress: _progress.Progress,
+    column: str = "input_ids",
 ) -> FileSummary:
     """Open ``path`` with :func:`tokstream.files.open_tokens` and describe it."""
     detected = files.detect_format(path) if format is None else format
-    corpus = files.open_tokens(path, dtype=dtype, format=format)
-    (tokens,) = corpus.shards
-    low, high = _value_range(tokens, progress, path)
-    return FileSummary(
+    corpus = files.open_tokens(path, dtype=dtype, format=format, column=column)
+    bounds = [_value_range(tokens, progress, path) for tokens in corpus.shards]
+    lows = [low for low, _ in bounds if low is not None]
+    highs = [high for _, high in bounds if high is not None]
+    summary = FileSummary(
         path=path,
         format=detected,
         dtype=str(corpus.dtype),
         tokens=corpus.num_tokens,
-        min_id=low,
-        max_id=high,
+        min_id=min(lows) if lows else None,
+        max_id=max(highs) if highs else None,
         windows=corpus.num_windows(block),
-        bytes=os.path.getsize(path),
+        bytes=_size(path),
     )
+    if corpus.has_documents:
+        lengths = corpus.document_lengths
+        summary.documents = int(lengths.shape[0])
+        if lengths.shape[0]:
+            summary.min_document = int(lengths.min())
+            summary.mean_document = round(float(lengths.mean()), 1)
+            summary.max_document = int(lengths.max())
+    return summary
+
+
+def _size(path: str) -> int:
+    """Bytes on disk: a directory's files, or both files of a Megatron dataset."""
+    if os.path.isdir(path):
+        return sum(
+            os.path.getsize(os.path.join(root, name))
+            for root, _, names in os.walk(path)
+            for name in names
+        )
+    if not os.path.exists(path) or megatron.is_index(megatron.paths(path)[0]):
+        return sum(os.path.getsize(p) for p in megatron.paths(path) if os.path.exists(p))
+    return os.path.getsize(path)
 
 
 def inspect_table(summaries: Sequence[FileSummary], block: int) -> str:
@@ -73,6 +111,15 @@ def inspect_table(summaries: Sequence[FileSummary], block: int) -> str:
         [s.path, s.format, s.dtype, text(s.tokens), text(s.min_id), text(s.max_id), text(s.windows)]
         for s in summaries
     ]
+    if any(s.documents is not None for s in summaries):
+        header += ["documents", "document length min / mean / max"]
+        for row, s in zip(rows, summaries, strict=True):
+            spread = (
+                "-"
+                if s.min_document is None
+                else f"{s.min_document:,} / {s.mean_document:,.1f} / {s.max_document:,}"
+            )
+            row += [text(s.documents), spread]
     if len(summaries) > 1:
         lows = [s.min_id for s in summaries if s.min_id is not None]
         highs = [s.max_id for s in summaries if s.max_id is not None]
@@ -86,5 +133,6 @@ def inspect_table(summaries: Sequence[FileSummary], block: int) -> str:
                 text(max(highs) if highs else None),
                 text(sum(s.windows for s in summaries)),
             ]
+            + (["", ""] if len(header) > 7 else [])
         )
     return bench.markdown_table(header, rows, numeric_from=3)

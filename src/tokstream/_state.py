@@ -19,6 +19,9 @@ STATE_VERSION = 1
 
 _MT_WORDS = 624  # words of MT19937's state
 _KIND = {int: "an int", bool: "a bool", str: "a str", float: "a float"}
+# Settings that decide the window sequence, added to the fingerprint after its first version,
+# with the value every earlier stream had.
+_LATER_KEYS: dict[str, Any] = {"stride": 1, "eos": None, "windows": "cross"}
 
 
 class Cursor(NamedTuple):
@@ -46,6 +49,10 @@ def config(corpus: Any, options: Any) -> dict[str, Any]:
         "shuffle": options.shuffle,
         "permutation": options.permutation,
         "drop_last": options.drop_last,
+        # Keys added after the first state version appear only when they differ from the
+        # behaviour of that version, so its states still load.
+        **{key: getattr(options, key) for key, old in _LATER_KEYS.items()
+           if getattr(options, key) != old},
     }
 
 
@@ -118,6 +125,11 @@ def decode(
 def _check_config(saved: Any, here: dict[str, Any], options: Any) -> None:
     if not isinstance(saved, dict):
         raise TypeError(f"state['config'] must be a dict, got {type(saved).__name__}")
+    for key, old in _LATER_KEYS.items():
+        if key in saved and key not in here:
+            raise ValueError(
+                f"state was saved with {key}={saved[key]!r}, but this stream has {key}={old!r}"
+            )
     for key, value_here in here.items():
         if key not in saved:
             raise ValueError(f"state['config'] is missing {key!r}")

@@ -108,6 +108,20 @@ def exact_bool(value: Any, name: str) -> bool:
     raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
 
 
+def names_from(value: Any, name: str, allowed: Iterable[str]) -> tuple[str, ...]:
+    """A tuple of distinct option strings, each from ``allowed`` (a lone string is refused)."""
+    allowed = tuple(allowed)
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise TypeError(
+            f"{name} must be a tuple of names from {allowed}, got {value!r} "
+            f"({type(value).__name__})"
+        )
+    names = tuple(choice(item, f"{name}[{i}]", allowed) for i, item in enumerate(value))
+    if len(set(names)) != len(names):
+        raise ValueError(f"{name} names an extra twice: {names}")
+    return names
+
+
 def choice(value: Any, name: str, allowed: Iterable[str]) -> str:
     """One of a fixed set of option strings."""
     allowed = tuple(allowed)
@@ -308,7 +322,7 @@ def value_range(
 
 
 # ---------------------------------------------------------------------------------------------
-# The spec's controls, in the spec's order
+# The reference generator's controls, in its order
 
 
 def stream_controls(
@@ -330,6 +344,8 @@ def stream_controls(
 
 TARGETS = ("next", "shifted")
 PERMUTATIONS = ("materialized", "implicit")
+WINDOW_POLICIES = ("cross", "within")
+DOCUMENT_EXTRAS = ("position_ids", "loss_mask", "cu_seqlens")
 
 
 @dataclass(frozen=True)
@@ -351,13 +367,25 @@ class StreamOptions:
     rank: int = 0
     world_size: int = 1
     drop_last: bool = False
-    permutation: str = "materialized"
+    permutation: str | None = None
     prefetch: int = 0
     reuse_buffers: int = 0
+    stride: int = 1
+    eos: int | None = None
+    windows: str = "cross"
+    extras: tuple[str, ...] = ()
 
     @classmethod
-    def create(cls, block: Any, batch_size: Any, **options: Any) -> StreamOptions:
+    def create(
+        cls,
+        block: Any,
+        batch_size: Any,
+        allowed_extras: tuple[str, ...] = DOCUMENT_EXTRAS,
+        **options: Any,
+    ) -> StreamOptions:
         """Validate ``block``, ``batch_size`` and the keyword ``options`` (unknown ones: TypeError).
+
+        ``allowed_extras`` are the ``extras`` names the token source can give.
 
         The reference generator's controls are checked first and in its order, so a call both
         paths accept or reject raises the same exception type.
@@ -375,7 +403,17 @@ class StreamOptions:
         if rank >= world_size:
             raise ValueError(f"rank must be below world_size={world_size}, got {shown(rank)}")
         drop_last = exact_bool(values["drop_last"], "drop_last")
-        permutation = choice(values["permutation"], "permutation", PERMUTATIONS)
+        stride = positive_int(values["stride"], "stride")
+        eos = None if values["eos"] is None else exact_int(values["eos"], "eos")
+        windows = choice(values["windows"], "windows", WINDOW_POLICIES)
+        extras = names_from(values["extras"], "extras", allowed_extras)
+        permutation = values["permutation"]
+        if permutation is None:
+            # The reference generator's order wherever its windows are the ones streamed; an
+            # order with no O(windows) array everywhere else.
+            reference_windows = stride == 1 and eos is None and windows == "cross"
+            permutation = "materialized" if reference_windows else "implicit"
+        permutation = choice(permutation, "permutation", PERMUTATIONS)
         prefetch = nonnegative_int(values["prefetch"], "prefetch")
         reuse_buffers = nonnegative_int(values["reuse_buffers"], "reuse_buffers")
         return cls(
@@ -391,6 +429,10 @@ class StreamOptions:
             permutation=permutation,
             prefetch=prefetch,
             reuse_buffers=reuse_buffers,
+            stride=stride,
+            eos=eos,
+            windows=windows,
+            extras=extras,
         )
 
     @property

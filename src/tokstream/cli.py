@@ -24,6 +24,7 @@ import numpy as np
 
 import tokstream
 from tokstream import _inspect, _progress, _validate, baselines, bench, files
+from tokstream.formats.writer import STREAMED
 
 PROG = "tokstream"
 
@@ -221,10 +222,17 @@ def cmd_inspect(
 ) -> int:
     progress = _progress.Progress(None if args.quiet else stderr)
     summaries = [
-        _inspect.summarize(path, args.block, args.dtype, args.format, progress)
+        _inspect.summarize(path, args.block, args.dtype, args.format, progress, args.column)
         for path in _expand(args.files)
     ]
     progress.done()
+    for summary in summaries:
+        if args.vocab_size is not None and (summary.max_id or 0) >= args.vocab_size:
+            print(
+                f"{PROG} inspect: warning: {summary.path} holds ids up to {summary.max_id}, "
+                f"beyond --vocab-size {args.vocab_size}",
+                file=stderr,
+            )
     if args.json:
         json.dump([s.to_json() for s in summaries], stdout, indent=2)
         stdout.write("\n")
@@ -250,36 +258,47 @@ def cmd_convert(
     args: argparse.Namespace, stdout: TextIO, stderr: TextIO
 ) -> int:
     out_format = _output_format(args)
-    corpus = files.open_tokens(args.input, dtype=args.in_dtype, format=args.in_format)
-    if len(corpus.shards) != 1:
-        raise CommandError(
-            f"{args.input!r} names {len(corpus.shards)} files; convert takes one input file"
-        )
-    (tokens,) = corpus.shards
-    if args.dtype is not None:
-        dtype: str | None = args.dtype
-    elif out_format == "llmc":
-        dtype = None  # llm.c stores uint16; write_tokens checks that the ids fit
-    else:
-        dtype = str(corpus.dtype)
-    itemsize = 2 if dtype is None else np.dtype(dtype).itemsize
-    expected = files.FORMAT_TABLE[out_format].header_bytes + tokens.shape[0] * itemsize
+    inputs = files.expand_pattern(args.input)
+    if len(inputs) != 1:
+        raise CommandError(f"{args.input!r} names {len(inputs)} files; convert takes one input")
+    corpus = files.open_tokens(
+        args.input, dtype=args.in_dtype, format=args.in_format, column=args.column
+    )
+    dtype = args.dtype if args.dtype is not None else files.kept_dtype(corpus.dtype, out_format)
+    itemsize = corpus.dtype.itemsize if dtype is None else np.dtype(dtype).itemsize
+    expected = files.FORMAT_TABLE[out_format].header_bytes + corpus.num_tokens * itemsize
     progress = _progress.Progress(None if args.quiet else stderr)
     label = f"{args.input} -> {args.output}"
     target = Path(args.output)
     if expected >= _progress.PROGRESS_MIN_BYTES:
         with _progress.WriteWatcher(target, expected, progress, label):
-            files.write_tokens(target, tokens, format=out_format, dtype=dtype)
+            written_path = files.write_tokens(target, corpus, format=out_format, dtype=dtype)
     else:
-        files.write_tokens(target, tokens, format=out_format, dtype=dtype)
+        written_path = files.write_tokens(target, corpus, format=out_format, dtype=dtype)
     progress.done()
-    written = files.open_tokens(target, dtype=dtype if out_format == "bin" else None)
+    written = files.open_tokens(written_path, dtype=dtype if out_format == "bin" else None)
     in_format = files.detect_format(args.input) if args.in_format is None else args.in_format
     print(
         f"wrote {args.output}: {out_format}, {written.dtype}, {written.num_tokens:,} tokens "
         f"(from {args.input}: {in_format}, {corpus.dtype})",
         file=stdout,
     )
+    return 0
+
+
+def cmd_tokenize(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    from tokstream import tokenize
+
+    eos = None if args.no_eos else int(args.eos) if args.eos.isdigit() else args.eos
+    progress = _progress.Progress(None if args.quiet else stderr)
+    result = tokenize.tokenize_files(
+        args.inputs, args.tokenizer, args.output, eos=eos, format=args.format,
+        shard_tokens=args.shard_tokens, workers=args.workers, text_field=args.text_field,
+        document_per_file=args.document_per_file,
+        progress=lambda message, final: progress.update(message, final=final),
+    )
+    progress.done()
+    print(result.summary(), file=stdout)
     return 0
 
 
@@ -300,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="measure the fast path against its baselines",
         description=(
-            "Time the fast path, the spec's reference, the best pure-NumPy gather, nanoGPT's "
+            "Time the fast path, the reference generator, the best pure-NumPy gather, nanoGPT's "
             "torch.stack (when PyTorch is installed) and the copy and gather limits, in one "
             "process, and print millions of context tokens per second with the ratios of the "
             "fast path to each. Each path's first batch is drawn untimed (it carries the "
@@ -358,9 +377,11 @@ def build_parser() -> argparse.ArgumentParser:
         "inspect",
         help="describe token files",
         description=(
-            "For each token file (.npy, raw .bin, llm.c shard; a quoted pattern expands to its "
-            "sorted matches): its format, dtype, token count, smallest and largest id, and how "
-            "many windows of --block tokens plus a target it holds."
+            "For each token file (.npy, raw .bin, llm.c shard, Megatron dataset, Arrow file or "
+            "save_to_disk directory, tokenize output; a quoted pattern expands to its sorted "
+            "matches): its format, dtype, token count, smallest and largest id, documents and "
+            "their lengths where recorded, and how many windows of --block tokens plus a "
+            "target it holds."
         ),
     )
     inspect.add_argument("files", nargs="+", metavar="FILE", help="token files or patterns")
@@ -375,6 +396,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--format", choices=files.FORMATS, default=None,
         help="read as this format (default: detect)",
     )
+    inspect.add_argument(
+        "--vocab-size", type=_positive, default=None, metavar="N",
+        help="warn about ids >= N (a corpus tokenized with another vocabulary)",
+    )
+    inspect.add_argument("--column", default="input_ids", help="Arrow column of token lists")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.add_argument("--quiet", action="store_true", help="no progress on stderr")
     inspect.set_defaults(handler=cmd_inspect, command_parser=inspect)
@@ -384,8 +410,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="rewrite a token file in another format or dtype",
         description=(
             "Read IN (format detected, or --in-format) and write its tokens to OUT as .npy, raw "
-            ".bin or an llm.c shard (--format; by default from OUT's suffix, .npy or .bin). "
-            "OUT is written under a temporary name and renamed into place."
+            ".bin, an llm.c shard, a Megatron dataset (OUT is its prefix) or an Arrow stream "
+            "(--format; by default from OUT's suffix, .npy, .bin or .arrow), keeping the "
+            "documents when both formats record them. OUT is written under a temporary name "
+            "and renamed into place."
         ),
     )
     convert.add_argument("input", metavar="IN", help="token file to read")
@@ -396,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_argument(
         "--dtype", type=_dtype_name, default=None,
-        help="stored dtype of OUT (default: IN's; llm.c: uint16)",
+        help="stored dtype of OUT (default: IN's; llm.c and Megatron: the smallest that fits)",
     )
     convert.add_argument(
         "--in-dtype", type=_dtype_name, default=None,
@@ -405,8 +433,35 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument(
         "--in-format", choices=files.FORMATS, default=None, help="read IN as this format"
     )
+    convert.add_argument("--column", default="input_ids", help="Arrow column of token lists")
     convert.add_argument("--quiet", action="store_true", help="no progress on stderr")
     convert.set_defaults(handler=cmd_convert, command_parser=convert)
+
+    tokenize = commands.add_parser(
+        "tokenize",
+        help="tokenize text into token shards",
+        description="Encode text, JSON Lines and Parquet documents, each followed by --eos, into "
+        "shards open_tokens(DIR) reads with their documents; the same output whatever --workers; "
+        "run an interrupted command again to finish it. Nothing is downloaded.",
+    )
+    tokenize.add_argument("inputs", nargs="+", metavar="INPUT", help="input files or patterns")
+    tokenize.add_argument("--tokenizer", required=True, help="a tokenizers JSON file, or a "
+                          "tiktoken encoding in tiktoken's local cache")
+    tokenize.add_argument("--output", required=True, metavar="DIR", help="output directory")
+    tokenize.add_argument("--eos", default="<|endoftext|>", metavar="TOKEN", help="token ending "
+                          "each document: its text, or its id (default <|endoftext|>)")
+    tokenize.add_argument("--no-eos", action="store_true", help="end documents with no token")
+    tokenize.add_argument("--format", choices=STREAMED, default="npy", help="shard format")
+    tokenize.add_argument(
+        "--shard-tokens", type=_positive, default=100_000_000, metavar="N",
+        help="most tokens in a shard (default 100,000,000); documents are never split",
+    )
+    tokenize.add_argument("--workers", type=_positive, default=1, help="encoding processes")
+    tokenize.add_argument("--text-field", default="text", help="JSON field or Parquet column")
+    tokenize.add_argument("--document-per-file", action="store_true",
+                          help="each text file is one document (default: each nonempty line)")
+    tokenize.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    tokenize.set_defaults(handler=cmd_tokenize, command_parser=tokenize)
     return parser
 
 
@@ -432,7 +487,7 @@ def main(
         command_parser.print_usage(stderr)
         print(f"{command_parser.prog}: error: {exc}", file=stderr)
         return 2
-    except (CommandError, TypeError, ValueError, OSError) as exc:
+    except (CommandError, TypeError, ValueError, OSError, ImportError) as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=stderr)
         return 1
     except MemoryError as exc:  # the last resort: the commands check sizes before allocating

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
+from tokstream._advice import advise_windows
+from tokstream._documents import document_positions
 from tokstream._filemap import FileMap
 from tokstream._windows import gather_windows
 
@@ -141,6 +143,8 @@ class Corpus:
         )
         self._shards: tuple[np.ndarray, ...] = tuple(arrays)
         self._lengths = _read_only(lengths)
+        self._shard_first_document = np.zeros(len(arrays), dtype=np.int64)
+        np.cumsum([len(s) for s in starts[:-1]], out=self._shard_first_document[1:])
         self._document_boundaries = _read_only(boundaries)
         self._has_documents = any(offsets is not None for offsets in document_offsets)
 
@@ -195,18 +199,33 @@ class Corpus:
     def __repr__(self) -> str:
         return f"Corpus(shards={len(self.shards)}, tokens={self.num_tokens}, dtype={self.dtype})"
 
-    def window_offsets(self, block: int) -> np.ndarray:
+    def window_offsets(self, block: int, stride: int = 1) -> np.ndarray:
         """``offsets[j]`` = index of shard ``j``'s first window; ``offsets[-1]`` = window count."""
-        # A block longer than every shard (even one beyond int64) leaves no windows at all.
-        block = min(block, int(self.lengths.max()))
-        per_shard = np.maximum(self.lengths - block, 0)
-        offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
-        np.cumsum(per_shard, out=offsets[1:])
-        return offsets
+        return _cumulative(windows_per_segment(self.lengths, block, stride))
 
-    def num_windows(self, block: int) -> int:
-        """How many ``(block + 1)``-token windows the corpus holds."""
-        return int(self.window_offsets(block)[-1])
+    def num_windows(self, block: int, stride: int = 1) -> int:
+        """How many ``(block + 1)``-token windows the corpus holds, one every ``stride`` tokens."""
+        return int(self.window_offsets(block, stride)[-1])
+
+    @property
+    def shard_starts(self) -> np.ndarray:
+        """Each shard's first token in the shards laid end to end (read-only int64)."""
+        return self._document_boundaries[self._shard_first_document]
+
+    def boundaries_with_eos(self, eos: int) -> np.ndarray:
+        """:attr:`document_boundaries` plus a boundary after every token equal to ``eos``.
+
+        Scans every token once, chunk by chunk (a memory map is paged through, not copied); the
+        result is O(documents).
+        """
+        found = [self._document_boundaries]
+        for shard, base in zip(self._shards, self.shard_starts, strict=True):
+            done = 0
+            for chunk in _validate.chunks(shard):
+                found.append(np.flatnonzero(chunk == eos) + (int(base) + done + 1))
+                done += chunk.shape[0]
+        # An eos that ends a shard adds the boundary the next shard already has.
+        return _read_only(np.unique(np.concatenate(found)))
 
     def memory_maps(self) -> Iterator[mmap.mmap | FileMap]:
         """The distinct mappings the shards are views of (none for in-RAM arrays).
@@ -276,15 +295,32 @@ def prefetch_distance(block: int, dtype: np.dtype) -> int:
 
 
 class WindowGather:
-    """Copies windows, given by global window index, out of a corpus for a fixed ``block``.
+    """The window index space of a corpus for one ``block``, ``stride`` and window policy.
 
-    Global index ``w`` is window ``w - offsets[j]`` of the shard ``j`` it falls in. Every index
-    handed to :meth:`__call__` must lie in ``[0, num_windows)``; the stream guarantees it.
-    ``prefetch`` says whether the kernel should prefetch windows ahead: worth it for a random
-    order, wasted instructions for consecutive windows, which the hardware already streams.
+    Windows start every ``stride`` tokens from the start of each segment, while ``start + block``
+    stays inside it: the segments are the shards (``windows="cross"``, a window may span
+    documents but never shards) or, given ``document_boundaries``, the documents
+    (``windows="within"``). Global index ``w`` is window ``w - offsets[j]`` of the segment ``j``
+    it falls in; only segments that hold a window are kept, so the space costs O(segments).
+    Every index handed to :meth:`__call__` must lie in ``[0, num_windows)``; the stream
+    guarantees it. ``prefetch`` says whether the kernel should prefetch windows ahead: worth it
+    for a random order, wasted instructions for consecutive windows.
+
+    With ``documents`` the gather also fills the rows' position ids and whether each label
+    continues its document, from the corpus' recorded documents and, given ``eos``, from the
+    tokens themselves.
     """
 
-    def __init__(self, corpus: Corpus, block: int, prefetch: bool = True) -> None:
+    def __init__(
+        self,
+        corpus: Corpus,
+        block: int,
+        prefetch: bool = True,
+        *,
+        stride: int = 1,
+        document_boundaries: np.ndarray | None = None,
+        eos: int | None = None,
+    ) -> None:
         self.corpus = corpus
         self.block = block
         self.prefetch = prefetch
@@ -292,39 +328,123 @@ class WindowGather:
         self._prefetch = prefetch_distance(block, corpus.dtype) if prefetch else 0
         # Private copies: the kernel's bounds come only from what was validated here.
         self._shards = corpus.shards
-        self.offsets = _read_only(corpus.window_offsets(block))
+        self._shard_starts = corpus.shard_starts.copy()
+        if document_boundaries is None:
+            segment_starts, segment_lengths = self._shard_starts, corpus.lengths
+        else:
+            segment_starts, segment_lengths = document_boundaries[:-1], np.diff(document_boundaries)
+        counts = windows_per_segment(segment_lengths, block, stride)
+        kept = np.flatnonzero(counts)
+        self._segment_starts = _read_only(segment_starts[kept].copy())
+        self.offsets = _read_only(_cumulative(counts[kept]))
         self.num_windows = int(self.offsets[-1])
+        self._stride = stride
+        # With a single segment a window's start is an affine function of its index.
+        one_segment = self.offsets.shape[0] == 2
+        self._one_segment_base = int(self._segment_starts[0]) if one_segment else None
         self._single = self._shards[0] if len(self._shards) == 1 else None
-        # The kernel specialised for the corpus dtype (keyed by its C type, e.g. "uint16_t"), so
+        # The kernels specialised for the corpus dtype (keyed by its C type, e.g. "uint16_t"), so
         # no batch pays the fused-type dispatch.
-        self._kernel = gather_windows.__signatures__[f"{corpus.dtype.name}_t"]
+        key = f"{corpus.dtype.name}_t"
+        self._kernel = gather_windows.__signatures__[key]
+        self._positions = document_positions.__signatures__[key]
+        self._advise = advise_windows.__signatures__[key]
+        self._eos = 0 if eos is None else eos
+        self._use_eos = eos is not None
+        # Each shard's recorded document starts, local to the shard, for the document kernel.
+        self._document_starts = [
+            _local_starts(corpus.document_boundaries, int(base), int(length))
+            for base, length in zip(self._shard_starts, corpus.lengths, strict=True)
+        ]
+
+    def token_starts(self, windows: np.ndarray) -> np.ndarray:
+        """The first token of each window, in the shards laid end to end."""
+        if self._one_segment_base is not None:
+            if self._stride == 1 and self._one_segment_base == 0:
+                return windows
+            return windows * self._stride + self._one_segment_base
+        segment = np.searchsorted(self.offsets, windows, side="right") - 1
+        return self._segment_starts[segment] + (windows - self.offsets[segment]) * self._stride
 
     def __call__(
         self,
-        starts: np.ndarray,
+        windows_index: np.ndarray,
         windows: np.ndarray,
         next_tokens: np.ndarray | None = None,
         targets: np.ndarray | None = None,
+        position_ids: np.ndarray | None = None,
+        label_continues: np.ndarray | None = None,
     ) -> None:
-        """Fill ``windows`` (and ``next_tokens`` or ``targets``) for global window ``starts``."""
+        """Fill ``windows`` (and ``next_tokens`` or ``targets``) for global ``windows_index``.
+
+        With ``position_ids`` (and ``label_continues``) also the rows' document positions.
+        """
+        starts = self.token_starts(windows_index)
         if self._single is not None:
-            # A window index w < len - block is also its start position, so start + block is a
-            # valid token index.
+            # A window start s of a segment has s + block inside the segment, hence the shard.
             self._kernel(self._single, starts, windows, next_tokens, targets, None, self._prefetch)
+            if position_ids is not None:
+                self._positions(
+                    self._single, starts, self._document_starts[0], self._eos, self._use_eos,
+                    position_ids, label_continues, None,
+                )
             return
-        shard_of = np.searchsorted(self.offsets, starts, side="right") - 1
+        for shard, group, local_starts in self._by_shard(starts):
+            tokens = self._shards[shard]
+            self._kernel(
+                tokens, local_starts, windows, next_tokens, targets, group, self._prefetch
+            )
+            if position_ids is not None:
+                self._positions(
+                    tokens, local_starts, self._document_starts[shard], self._eos,
+                    self._use_eos, position_ids, label_continues, group,
+                )
+
+    def advise(self, windows_index: np.ndarray, sample: int) -> int:
+        """Ask the OS to start reading these windows, unless a sample of them is in memory.
+
+        See :func:`tokstream._advice.advise_windows`; returns how many windows were advised (0
+        when the sampled windows were all resident, or where ``madvise`` does not exist).
+        """
+        starts = self.token_starts(windows_index)
+        span = self.block + 1
+        if self._single is not None:
+            return self._advise(self._single, starts, span, sample)
+        return sum(
+            self._advise(self._shards[shard], local_starts, span, sample)
+            for shard, _, local_starts in self._by_shard(starts)
+        )
+
+    def _by_shard(self, starts: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """``(shard, rows, starts local to the shard)`` for each shard some windows start in."""
+        shard_of = np.searchsorted(self._shard_starts, starts, side="right") - 1
         order = np.argsort(shard_of, kind="stable")
-        sorted_shards = shard_of[order]
-        boundaries = np.flatnonzero(np.diff(sorted_shards)) + 1
+        boundaries = np.flatnonzero(np.diff(shard_of[order])) + 1
         for group in np.split(order, boundaries):
             if group.shape[0] == 0:
                 continue
             shard = int(shard_of[group[0]])
-            local_starts = starts[group] - self.offsets[shard]
-            self._kernel(
-                self._shards[shard], local_starts, windows, next_tokens, targets, group,
-                self._prefetch,
-            )
+            yield shard, group, starts[group] - self._shard_starts[shard]
+
+
+def windows_per_segment(lengths: np.ndarray, block: int, stride: int) -> np.ndarray:
+    """Windows of ``block + 1`` tokens, one every ``stride`` tokens, in segments of ``lengths``."""
+    # A block longer than every segment (even one beyond int64) leaves no windows at all.
+    block = min(block, int(lengths.max(initial=0)))
+    room = lengths - block - 1
+    return np.where(room >= 0, room // stride + 1, 0).astype(np.int64)
+
+
+def _cumulative(counts: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets
+
+
+def _local_starts(boundaries: np.ndarray, base: int, length: int) -> np.ndarray:
+    """Document starts strictly inside the shard at ``base``, local to it (sorted int64)."""
+    low, high = np.searchsorted(boundaries, [base, base + length], side="right")
+    return np.ascontiguousarray(boundaries[low:high] - base)
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -1,8 +1,10 @@
-"""The reference path: the spec's pure-NumPy generator, one ``np.stack`` per batch.
+"""The reference path: the pure-NumPy generator tokstream was specified from, one ``np.stack``
+per batch.
 
 It is what the fast path must match byte for byte and what the benchmarks measure it against.
-It shares every input rule with the fast path (``tokstream._validate``), including the holes of
-the spec that tokstream fixes, and otherwise does exactly what the spec does: the corpus is copied
+It shares every input rule with the fast path (``tokstream._validate``), including the fixes of
+the original's holes (docs/reference-differences.md), and otherwise does exactly what the
+original does: the corpus is copied
 to int64, one ``RandomState(seed)`` draws one ``permutation(n)`` per shuffled epoch, and each
 batch is stacked from per-window slices.
 """

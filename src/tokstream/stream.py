@@ -17,15 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from tokstream import _state
+from tokstream import _advice, _batch, _state
+from tokstream._batch import Batch
 from tokstream._order import WindowOrder
 from tokstream._state import Cursor
 from tokstream._validate import StreamOptions, stream_signature
 from tokstream.corpus import Corpus, WindowGather
 from tokstream.prefetch import Prefetcher
+from tokstream.readahead import ReadAhead
 
 
-class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
+class TokenStream(Iterator[Batch]):
     """An iterator of ``(windows, targets)`` micro-batches with a resumable cursor.
 
     Takes the arguments of :func:`stream_token_source`, which documents them. Each batch is
@@ -65,14 +67,21 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
     def _setup(self, corpus: Corpus, options: StreamOptions) -> None:
         self._corpus = corpus
         self._options = options
-        self._gather = WindowGather(corpus, options.block, prefetch=options.shuffle)
+        self._gather = _window_space(corpus, options)
         corpus.advise(options.shuffle)
         self._order = WindowOrder(self._gather.num_windows, options)
+        # Random windows of a memory-mapped corpus are read ahead; sequential ones are left to
+        # the OS's own read-ahead (MADV_SEQUENTIAL), arrays in RAM need none.
+        self._readahead = (
+            ReadAhead(self._order, self._gather, options.batch_size)
+            if options.shuffle and _advice.AVAILABLE and next(corpus.memory_maps(), None)
+            else None
+        )
         self._config = _state.config(corpus, options)
         self._lock = threading.Lock()
         self._closed = False
         self._cursor = self._order.first_cursor()
-        self._ring: list[tuple[np.ndarray, np.ndarray]] = []
+        self._ring: list[dict[str, np.ndarray]] = []
         self._ring_next = 0
         self._prefetcher: Prefetcher | None = None
         self._deliver_lock = threading.Lock()
@@ -131,7 +140,7 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
     def __iter__(self) -> TokenStream:
         return self
 
-    def __next__(self) -> tuple[np.ndarray, np.ndarray]:
+    def __next__(self) -> Batch:
         if not self._options.prefetch:
             with self._lock:
                 return self._produce()
@@ -152,17 +161,15 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
                     self._options.prefetch,
                     on_fork=TokenStream._after_fork,
                 )
-            windows, targets, self._delivered = prefetcher.get()
-            return windows, targets
+            batch, self._delivered = prefetcher.get()
+            return batch
 
-    def _produce_ahead(
-        self, prefetcher: Prefetcher
-    ) -> tuple[np.ndarray, np.ndarray, tuple[Cursor, int]]:
+    def _produce_ahead(self, prefetcher: Prefetcher) -> tuple[Batch, tuple[Cursor, int]]:
         with self._lock:
             if prefetcher.stopped:  # checked under the lock: _discard_prefetcher rewinds under it
                 raise StopIteration
-            windows, targets = self._produce()
-            return windows, targets, (self._cursor, self._ring_next)
+            batch = self._produce()
+            return batch, (self._cursor, self._ring_next)
 
     def _discard_prefetcher(self) -> None:
         """Stop the prefetch thread and move the live cursor back to the delivered one.
@@ -186,29 +193,39 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         self._lock = threading.Lock()
         self._deliver_lock = threading.Lock()
 
-    def _produce(self) -> tuple[np.ndarray, np.ndarray]:
+    def _produce(self) -> Batch:
         """Assemble the batch at the live cursor and advance it; the caller holds the lock."""
-        cursor, options = self._cursor, self._options
-        if self._closed or cursor.epoch >= options.epochs or self.batches_per_epoch == 0:
+        cursor, options, order = self._cursor, self._options, self._order
+        if self._closed or cursor.epoch >= options.epochs or order.batches_per_epoch == 0:
             raise StopIteration
-        count = self._order.rows(cursor)
-        starts = self._order.batch_windows(cursor, count)
-        next_only = options.targets == "next"
-        if options.reuse_buffers:
-            windows, targets = self._ring_slot()
-            windows, targets = windows[:count], targets[:count]
+        count = order.rows(cursor)
+        if self._readahead is None:
+            windows_index = order.batch_windows(cursor, count)
         else:
-            windows = np.empty((count, options.block), dtype=np.int64)
-            targets = np.empty((count,) if next_only else (count, options.block), np.int64)
-        if next_only:
-            self._gather(starts, windows, targets)
+            windows_index = self._readahead.batch_windows(cursor, count)
+        if options.reuse_buffers or options.extras:
+            buffers = (
+                _batch.rows_of(self._ring_slot(), count) if options.reuse_buffers
+                else _batch.new_buffers(options, count)
+            )
+            _batch.fill(self._gather, windows_index, buffers)
+            batch = _batch.assemble(buffers, options.extras)
         else:
-            self._gather(starts, windows, None, targets)
+            # The plain batch, without the buffer bookkeeping: this is the per-batch fixed cost
+            # that small batches of long windows feel.
+            windows = np.empty((count, options.block), np.int64)
+            if options.targets == "next":
+                labels = np.empty(count, np.int64)
+                self._gather(windows_index, windows, labels)
+            else:
+                labels = np.empty((count, options.block), np.int64)
+                self._gather(windows_index, windows, None, labels)
+            batch = windows, labels
         # The cursor moves in one assignment, so an interrupt leaves it before or after.
-        self._cursor = self._order.after(cursor)
-        return windows, targets
+        self._cursor = order.after(cursor)
+        return batch
 
-    def _ring_slot(self) -> tuple[np.ndarray, np.ndarray]:
+    def _ring_slot(self) -> dict[str, np.ndarray]:
         """The next buffers of the ring (``options.ring_size`` of them), allocated on first use.
 
         Growing the ring as batches are made, rather than allocating all of it up front, keeps a
@@ -216,15 +233,10 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         will ever fill: ``reuse_buffers=2**40`` would otherwise never finish being made. The ring
         position is rewound with the cursor when prefetched batches are discarded.
         """
-        options = self._options
         index = self._ring_next
         if index == len(self._ring):
-            rows = self._order.max_rows
-            target_shape = (rows,) if options.targets == "next" else (rows, options.block)
-            self._ring.append(
-                (np.empty((rows, options.block), np.int64), np.empty(target_shape, np.int64))
-            )
-        self._ring_next = (index + 1) % options.ring_size
+            self._ring.append(_batch.new_buffers(self._options, self._order.max_rows))
+        self._ring_next = (index + 1) % self._options.ring_size
         return self._ring[index]
 
     def close(self) -> None:
@@ -238,6 +250,8 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
             self._discard_prefetcher()
             with self._lock:
                 self._order.release()
+                if self._readahead is not None:
+                    self._readahead.reset()
 
     def __repr__(self) -> str:
         o, cursor = self._options, self._cursor
@@ -290,11 +304,34 @@ class TokenStream(Iterator[tuple[np.ndarray, np.ndarray]]):
             self._discard_prefetcher()
             with self._lock:
                 self._order.release()
+                if self._readahead is not None:
+                    self._readahead.reset()
                 if cursor.position // self.global_batch_size == self.batches_per_epoch > 0:
                     # Only an elastic resume gets here: the saved world size cut the epoch's
                     # tail later than this one does, so this epoch is already over.
                     cursor = self._order.next_epoch(cursor)
                 self._cursor, self._closed, self._delivered = cursor, False, None
+
+
+def _window_space(corpus: Corpus, options: StreamOptions) -> WindowGather:
+    """The corpus' windows for ``options``: stride, window policy and document boundaries."""
+    if options.eos is not None:
+        info = np.iinfo(corpus.dtype)
+        if not int(info.min) <= options.eos <= int(info.max):
+            raise ValueError(
+                f"eos must be a token id of the corpus dtype {corpus.dtype} "
+                f"([{info.min}, {info.max}]), got {options.eos}"
+            )
+    boundaries = None
+    if options.windows == "within":
+        boundaries = (
+            corpus.document_boundaries if options.eos is None
+            else corpus.boundaries_with_eos(options.eos)
+        )
+    return WindowGather(
+        corpus, options.block, prefetch=options.shuffle, stride=options.stride,
+        document_boundaries=boundaries, eos=options.eos,
+    )
 
 
 def _option_property(name: str) -> property:
@@ -327,8 +364,9 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
     seed
         Seed of the epoch orders, in ``[0, 2**32)``.
     targets
-        ``"next"`` yields the ``(b,)`` next tokens, as the spec does; ``"shifted"`` yields the
-        ``(b, block)`` windows shifted by one token, as language-model training uses.
+        ``"next"`` yields the ``(b,)`` next tokens, as the reference generator does;
+        ``"shifted"`` yields the ``(b, block)`` windows shifted by one token, as language-model
+        training uses.
     rank, world_size
         This process' share of each epoch (see the module docstring).
     drop_last
@@ -337,6 +375,8 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         ``"materialized"``: the reference's ``RandomState`` permutation (exact parity; one
         O(windows) int64 array per epoch). ``"implicit"``: a keyed pseudo-random bijection
         evaluated per position, no O(windows) memory; a different order from the reference's.
+        ``None`` (default): materialized for the reference's windows (``stride=1``,
+        ``windows="cross"``, no ``eos``), implicit otherwise.
     prefetch
         Batches a background thread assembles ahead of the caller (0: none, the default).
     reuse_buffers
@@ -345,6 +385,19 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         received ``k`` more (saves the page faults of a fresh multi-MB buffer per batch). With
         ``prefetch=p`` that takes ``k + p + 1`` buffers, since up to ``p + 1`` batches are
         assembled ahead of the caller.
+
+    stride
+        Window starts ``0, stride, 2 * stride, ...`` in each shard (or document) while
+        ``start + block < len``. ``stride=block`` gives non-overlapping samples of ``block + 1``
+        tokens that share one boundary token, so each token is a target once per epoch.
+    eos
+        A token id that ends a document (the token itself is the document's last).
+    windows
+        ``"cross"`` (default): windows may span documents. ``"within"``: only windows whose
+        ``block + 1`` tokens lie inside one document, at ``document_start + k * stride``.
+    extras
+        Names from ``"position_ids"``, ``"loss_mask"``, ``"cu_seqlens"``: each batch is then a
+        dict with ``"input_ids"``, ``"labels"`` and the extras (see :mod:`tokstream._batch`).
 
     Returns
     -------

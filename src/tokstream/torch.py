@@ -38,6 +38,8 @@ import multiprocessing.context
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 try:
     import torch
     from torch.utils.data import IterableDataset, get_worker_info
@@ -88,6 +90,9 @@ class TokenDataset(IterableDataset):
         self.corpus = Corpus.from_tokens(token_ids)
         rank, world_size = _distributed_share(rank, world_size)
         # Every argument is checked now, once; workers derive their share from these options.
+        # No parity with the reference generator is at stake here: the default order needs no
+        # O(windows) array in the main process or in any DataLoader worker.
+        options.setdefault("permutation", "implicit")
         self.options = StreamOptions.create(
             block, batch_size, rank=rank, world_size=world_size, **options
         )
@@ -107,7 +112,10 @@ class TokenDataset(IterableDataset):
         self._streamed_in_workers = mmap.mmap(-1, 1)
 
     __init__.__signature__ = stream_signature(  # type: ignore[attr-defined]
-        "self", "token_ids", defaults={"rank": None, "world_size": None}, num_workers=None
+        "self",
+        "token_ids",
+        defaults={"rank": None, "world_size": None, "permutation": "implicit"},
+        num_workers=None,
     )
 
     def _new_stream(self, rank: int, world_size: int) -> TokenStream:
@@ -169,8 +177,12 @@ class TokenDataset(IterableDataset):
             stream.load_state_dict(self._resume_state)
             self._resume_state = self._resume_share = None
         self._stream = stream
-        for windows, targets in stream:
-            yield torch.from_numpy(windows), torch.from_numpy(targets)
+        for batch in stream:
+            if isinstance(batch, dict):
+                yield {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                       for k, v in batch.items()}
+            else:
+                yield torch.from_numpy(batch[0]), torch.from_numpy(batch[1])
 
     def state_dict(self) -> dict[str, Any]:
         """The cursor of this process' (or worker's) stream, a small JSON-serialisable dict.

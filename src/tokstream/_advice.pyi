@@ -1,4 +1,4 @@
-"""Stubs for the compiled read-ahead advice ``tokstream._readahead`` (see ``_readahead.pyx``)."""
+"""Stubs for the compiled read-ahead advice ``tokstream._advice`` (see ``_advice.pyx``)."""
 
 import numpy as np
 import numpy.typing as npt

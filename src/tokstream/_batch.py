@@ -1,0 +1,80 @@
+"""What a batch holds: its buffers, how the gather fills them, and the document extras.
+
+Without ``extras`` a batch is the tuple ``(windows, targets)``. With any extra it is a dict:
+``"input_ids"`` (the windows), ``"labels"`` (the targets, as ``targets=`` says) and the extras
+asked for, all derived from the position ids the document kernel writes in the gather's pass:
+
+- ``"position_ids"``, ``(b, block)`` int64: 0 at each row's first token and at every document
+  start inside the row, else one more than the token before;
+- ``"loss_mask"``, bool, shaped like ``"labels"``: False where the label belongs to another
+  document than the token it is predicted from;
+- ``"cu_seqlens"``, int32 ``(k + 1,)``: the boundaries of the document pieces of the flattened
+  batch (every row start is one), from 0 to ``b * block``, with ``"max_seqlen"`` (a Python int),
+  flash-attention's varlen interface.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokstream._validate import StreamOptions
+from tokstream.corpus import WindowGather
+
+Batch = Any  # tuple[np.ndarray, np.ndarray] | dict[str, Any]
+
+
+def new_buffers(options: StreamOptions, rows: int) -> dict[str, np.ndarray]:
+    """Uninitialised buffers for a batch of ``rows`` windows."""
+    block = options.block
+    buffers = {
+        "input_ids": np.empty((rows, block), np.int64),
+        "labels": np.empty((rows,) if options.targets == "next" else (rows, block), np.int64),
+    }
+    if options.extras:
+        buffers["position_ids"] = np.empty((rows, block), np.int64)
+        buffers["label_continues"] = np.empty(rows, np.uint8)
+    return buffers
+
+
+def rows_of(buffers: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]:
+    """The first ``count`` rows of every buffer (views)."""
+    return {name: buffer[:count] for name, buffer in buffers.items()}
+
+
+def fill(gather: WindowGather, windows_index: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
+    """Have the kernels copy windows ``windows_index`` (and their positions) into ``buffers``."""
+    labels = buffers["labels"]
+    next_tokens, targets = (labels, None) if labels.ndim == 1 else (None, labels)
+    gather(
+        windows_index, buffers["input_ids"], next_tokens, targets,
+        buffers.get("position_ids"), buffers.get("label_continues"),
+    )
+
+
+def assemble(buffers: dict[str, np.ndarray], extras: tuple[str, ...]) -> Batch:
+    """The batch the caller receives from filled ``buffers``."""
+    if not extras:
+        return buffers["input_ids"], buffers["labels"]
+    batch: dict[str, Any] = {"input_ids": buffers["input_ids"], "labels": buffers["labels"]}
+    positions = buffers["position_ids"]
+    if "position_ids" in extras:
+        batch["position_ids"] = positions
+    if "loss_mask" in extras:
+        continues = buffers["label_continues"].view(np.bool_)
+        if buffers["labels"].ndim == 1:
+            batch["loss_mask"] = continues.copy()
+        else:
+            mask = np.empty(positions.shape, np.bool_)
+            np.not_equal(positions[:, 1:], 0, out=mask[:, :-1])
+            mask[:, -1] = continues
+            batch["loss_mask"] = mask
+    if "cu_seqlens" in extras:
+        piece_starts = np.flatnonzero(positions.reshape(-1) == 0)
+        cu_seqlens = np.empty(piece_starts.shape[0] + 1, np.int32)
+        cu_seqlens[:-1] = piece_starts
+        cu_seqlens[-1] = positions.size
+        batch["cu_seqlens"] = cu_seqlens
+        batch["max_seqlen"] = int(np.diff(cu_seqlens).max(initial=0))
+    return batch

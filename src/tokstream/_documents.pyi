@@ -1,0 +1,15 @@
+"""Stubs for the compiled document kernel ``tokstream._documents`` (see ``_documents.pyx``)."""
+
+import numpy as np
+import numpy.typing as npt
+
+def document_positions(
+    tokens: npt.NDArray[np.integer],  # const token_t[::1], any of the 8 fixed-width int dtypes
+    starts: npt.NDArray[np.int64],  # const int64_t[:]
+    document_starts: npt.NDArray[np.int64],  # const int64_t[::1], sorted, local to tokens
+    eos: int,  # int64_t
+    use_eos: bool,  # bint
+    position_ids: npt.NDArray[np.int64],  # int64_t[:, ::1], shape (b, block)
+    label_continues: npt.NDArray[np.uint8],  # uint8_t[::1], shape (b,)
+    rows: npt.NDArray[np.int64] | None = ...,  # const int64_t[:]
+) -> None: ...

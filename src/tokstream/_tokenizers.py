@@ -1,0 +1,145 @@
+"""The tokenizers ``tokstream tokenize`` encodes with: a ``tokenizers`` JSON file or tiktoken.
+
+Nothing is ever downloaded: a tiktoken encoding must already be in tiktoken's local cache, and a
+missing one is a clear error. Only a tokenizer's spec crosses into worker processes; each loads
+the tokenizer once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokstream import _validate
+
+
+class Encoder:
+    """A tokenizer loaded from its spec: a ``tokenizers`` JSON file or a tiktoken encoding name.
+
+    Only the spec crosses into worker processes; each loads the tokenizer once.
+    """
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        path = Path(spec)
+        if path.is_file():
+            self._load_tokenizers_json(path)
+        elif os.sep in spec or spec.endswith(".json"):
+            raise FileNotFoundError(2, "tokenizer file not found", spec)
+        else:
+            self._load_tiktoken(spec)
+
+    def _load_tokenizers_json(self, path: Path) -> None:
+        try:
+            import tokenizers
+        except ImportError:
+            raise ImportError(
+                "a tokenizers JSON file needs the tokenizers package: "
+                "pip install 'tokstream[tokenize]'"
+            ) from None
+        try:
+            tokenizer = tokenizers.Tokenizer.from_file(os.fspath(path))
+        except Exception as exc:  # the Rust side raises plain Exceptions
+            raise ValueError(f"tokenizer {path}: not a tokenizers JSON file: {exc}") from None
+        self.fingerprint = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.token_to_id = tokenizer.token_to_id
+        self._encode = lambda texts: [e.ids for e in tokenizer.encode_batch(texts)]
+
+    def _load_tiktoken(self, name: str) -> None:
+        try:
+            import tiktoken
+            import tiktoken.load
+        except ImportError:
+            raise ImportError(
+                f"tokenizer {name!r} is no file; as a tiktoken encoding name it needs tiktoken "
+                "(pip install tiktoken) with the encoding in its local cache"
+            ) from None
+
+        def refuse_download(location: str) -> bytes:
+            raise ValueError(
+                f"tiktoken encoding {name!r} is not in tiktoken's local cache (it would be "
+                f"fetched from {location}); tokstream never downloads: put the file in "
+                "TIKTOKEN_CACHE_DIR, or pass a tokenizers JSON file"
+            )
+
+        with _patched(tiktoken.load, "read_file", refuse_download):
+            try:
+                encoding = tiktoken.get_encoding(name)
+            except ValueError as exc:
+                if "tiktoken's local cache" in str(exc):
+                    raise
+                raise ValueError(f"tokenizer {name!r}: no such file or tiktoken encoding") from None
+        self.fingerprint = f"tiktoken:{name}"
+        self.vocab_size = encoding.n_vocab
+
+        def token_to_id(text: str) -> int | None:
+            try:
+                return encoding.encode_single_token(text)
+            except KeyError:
+                return None
+
+        self.token_to_id = token_to_id
+        self._encode = encoding.encode_ordinary_batch
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """The ids of each text (``tokenizer.encode(text).ids`` for a tokenizers file)."""
+        return self._encode(texts)
+
+    def eos_id(self, eos: int | str | None) -> int | None:
+        """``eos`` as a token id: an id is checked against the vocabulary, a text looked up."""
+        if eos is None:
+            return None
+        if isinstance(eos, str):
+            found = self.token_to_id(eos)
+            if found is None:
+                raise ValueError(
+                    f"tokenizer {self.spec}: no token {eos!r} to end documents with; pass the "
+                    "eos token's text or id (--eos), or none (--no-eos)"
+                )
+            return int(found)
+        eos = _validate.exact_int(eos, "eos")
+        if not 0 <= eos < self.vocab_size:
+            raise ValueError(f"eos id {eos} is outside the vocabulary [0, {self.vocab_size})")
+        return eos
+
+
+@contextlib.contextmanager
+def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+_worker_encoder: Encoder | None = None
+
+
+def start_worker(spec: str) -> None:
+    global _worker_encoder
+    # One process per core already: the tokenizer's own thread pool would oversubscribe.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _worker_encoder = Encoder(spec)
+
+
+def encode_batch(
+    texts: list[str], eos: int | None, encoder: Encoder | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """All ids of ``texts`` back to back (each followed by ``eos``) and each document's length."""
+    encoder = encoder or _worker_encoder
+    assert encoder is not None
+    encoded = encoder.encode(texts)
+    tail = [] if eos is None else [eos]
+    lengths = np.array([len(ids) + len(tail) for ids in encoded], dtype=np.int64)
+    flat = np.fromiter(
+        (i for ids in encoded for i in (*ids, *tail)), dtype=np.int64, count=int(lengths.sum())
+    )
+    return flat, lengths

@@ -1,0 +1,105 @@
+"""The directory ``tokstream tokenize`` writes: token shards, their documents and a manifest.
+
+``DIR/tokstream.json`` lists the shards in order with their format, dtype, token and document
+counts, and the job that made them; it is rewritten (atomically) after each shard, so a run
+that stops leaves a directory whose finished shards a re-run keeps. Megatron shards hold their
+documents in their index; the other formats get a ``.documents.npy`` beside each shard: the
+int64 document offsets, from 0 to the shard's token count.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokstream.formats import llmc, megatron, npy, raw
+from tokstream.formats._common import Shard, atomic_writer, check_offsets
+
+MANIFEST = "tokstream.json"
+KIND = "tokstream tokenize output"
+VERSION = 1
+SUFFIXES = {"npy": ".npy", "bin": ".bin", "llmc": ".bin", "megatron": ""}
+
+
+def shard_file(index: int, format: str) -> str:
+    """The file name of shard ``index`` (for Megatron, the prefix of its ``.bin``/``.idx``)."""
+    return f"shard_{index:06d}{SUFFIXES[format]}"
+
+
+def documents_file(index: int) -> str:
+    return f"shard_{index:06d}.documents.npy"
+
+
+def is_directory(path: Path) -> bool:
+    return (path / MANIFEST).is_file()
+
+
+def load(path: Path) -> dict[str, Any]:
+    """The manifest of the directory ``path``; ValueError naming it when it is not one of ours."""
+    manifest_path = path / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"token file {manifest_path}: unreadable JSON: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
+        raise ValueError(f"token file {manifest_path}: not a {KIND} manifest")
+    if manifest.get("version") != VERSION:
+        raise ValueError(
+            f"token file {manifest_path}: manifest version {manifest.get('version')!r}, this "
+            f"tokstream reads version {VERSION}"
+        )
+    if manifest.get("format") not in SUFFIXES or not isinstance(manifest.get("shards"), list):
+        raise ValueError(f"token file {manifest_path}: no valid 'format' and 'shards'")
+    return manifest
+
+
+def save(path: Path, manifest: dict[str, Any]) -> None:
+    """Write the manifest under a temporary name and rename it into place."""
+    with atomic_writer(path / MANIFEST) as f:
+        f.write(json.dumps(manifest, indent=1).encode("utf-8"))
+
+
+def read(path: Path) -> list[Shard]:
+    """The shards of a finished ``tokstream tokenize`` directory, with their documents."""
+    manifest = load(path)
+    where = f"token file {path / MANIFEST}"
+    if not manifest.get("complete"):
+        raise ValueError(
+            f"{where}: the tokenization stopped before it finished; run the same `tokstream "
+            "tokenize` command again to complete it"
+        )
+    format = manifest["format"]
+    try:
+        dtype = np.dtype(manifest["dtype"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{where}: bad 'dtype': {exc}") from None
+    shards = []
+    for index, entry in enumerate(manifest["shards"]):
+        name = shard_file(index, format)
+        file = path / name
+        if format == "megatron":
+            shard = megatron.read(file)
+            tokens, offsets = shard.tokens, shard.document_offsets
+        else:
+            tokens = {"npy": npy.read, "llmc": llmc.read}.get(format, lambda p: raw.read(p, dtype))(
+                file
+            )
+            offsets = check_offsets(
+                np.load(path / documents_file(index)), tokens.shape[0], f"token file {file}"
+            )
+        if (
+            not isinstance(entry, dict)
+            or entry.get("tokens") != tokens.shape[0]
+            or entry.get("documents") != offsets.shape[0] - 1
+        ):
+            raise ValueError(
+                f"{where}: shard {name} holds {tokens.shape[0]} tokens in "
+                f"{offsets.shape[0] - 1} documents, the manifest says {entry!r}"
+            )
+        shards.append(Shard(tokens, offsets, str(file)))
+    if not shards:
+        raise ValueError(f"{where}: no shards (the inputs held no documents)")
+    return shards

@@ -1,0 +1,263 @@
+"""tokstream tokenize: text in, token shards out, exactly the tokenizer's ids plus eos per document.
+
+The tokenizer is a tiny byte-level BPE trained here from the test's own text (no network); the
+expected output is computed with the same ``tokenizers`` object, one document at a time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokstream import cli, open_tokens
+from tokstream._tokenizers import Encoder
+from tokstream.formats import tokenized
+from tokstream.tokenize import tokenize_files
+
+tokenizers = pytest.importorskip("tokenizers")
+
+TEXTS = [f"document {i}: the quick brown fox {'jumps ' * (i % 5)}over {i * 7}" for i in range(240)]
+TEXTS[3] = "ünïcödé and emoji 🦊 survive"
+EOS = "<|endoftext|>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(TEXTS, trainer)
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def expected(tokenizer_file) -> list[list[int]]:
+    tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+    eos = tokenizer.token_to_id(EOS)
+    return [tokenizer.encode(text).ids + [eos] for text in TEXTS]
+
+
+@pytest.fixture
+def text_inputs(tmp_path) -> list[str]:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "part_0.txt").write_text("\n".join(TEXTS[:100]) + "\n\n", encoding="utf-8")
+    (tmp_path / "in" / "part_1.txt").write_text("\n".join(TEXTS[100:]), encoding="utf-8")
+    return [str(tmp_path / "in" / "part_*.txt")]
+
+
+def documents_of(corpus) -> list[list[int]]:
+    tokens = np.concatenate([np.asarray(s, dtype=np.int64) for s in corpus.shards])
+    bounds = corpus.document_boundaries
+    return [tokens[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def shard_bytes(directory: Path) -> dict[str, bytes]:
+    return {
+        p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name != "tokstream.json"
+    }
+
+
+@pytest.mark.parametrize("format", ["npy", "bin", "llmc", "megatron"])
+def test_each_document_is_its_ids_plus_eos_and_open_tokens_gives_them_back(
+    tmp_path, tokenizer_file, expected, text_inputs, format
+):
+    result = tokenize_files(
+        text_inputs, str(tokenizer_file), tmp_path / "out", format=format, shard_tokens=1500
+    )
+    corpus = open_tokens(tmp_path / "out")
+    assert documents_of(corpus) == expected
+    assert result.documents == len(TEXTS) and result.tokens == sum(map(len, expected))
+    assert result.shards == len(corpus.shards) > 1
+    assert all(n <= 1500 for n in corpus.lengths)
+    assert corpus.dtype == (np.uint16 if format != "megatron" else np.uint16)
+
+
+@pytest.mark.parametrize("format", ["npy", "megatron"])
+def test_the_output_is_identical_whatever_the_number_of_workers(
+    tmp_path, tokenizer_file, expected, text_inputs, format
+):
+    outputs = []
+    for workers in (1, 2, 3):
+        out = tmp_path / f"out_{workers}"
+        tokenize_files(
+            text_inputs, str(tokenizer_file), out, format=format, shard_tokens=1000, workers=workers
+        )
+        assert documents_of(open_tokens(out)) == expected
+        outputs.append(shard_bytes(out))
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_an_interrupted_run_is_finished_by_running_it_again(
+    tmp_path, tokenizer_file, expected, text_inputs
+):
+    whole = tmp_path / "whole"
+    tokenize_files(text_inputs, str(tokenizer_file), whole, shard_tokens=800)
+    out = tmp_path / "out"
+
+    def stop_after_two_shards(message: str, shard_written: bool) -> None:
+        if shard_written and len(tokenized.load(out)["shards"]) >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_files(
+            text_inputs, str(tokenizer_file), out, shard_tokens=800, progress=stop_after_two_shards
+        )
+    assert not tokenized.load(out)["complete"]
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    with pytest.raises(ValueError, match="run the same `tokstream tokenize` command again"):
+        open_tokens(out)
+    result = tokenize_files(text_inputs, str(tokenizer_file), out, shard_tokens=800)
+    assert result.resumed_documents > 0
+    assert documents_of(open_tokens(out)) == expected
+    assert shard_bytes(out) == shard_bytes(whole)
+    again = tokenize_files(text_inputs, str(tokenizer_file), out, shard_tokens=800)
+    assert again.documents == len(TEXTS) and shard_bytes(out) == shard_bytes(whole)
+
+
+def test_a_directory_of_another_job_or_other_files_is_refused(
+    tmp_path, tokenizer_file, text_inputs
+):
+    tokenize_files(text_inputs, str(tokenizer_file), tmp_path / "out", shard_tokens=800)
+    with pytest.raises(ValueError, match="differs in shard_tokens"):
+        tokenize_files(text_inputs, str(tokenizer_file), tmp_path / "out", shard_tokens=900)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not empty"):
+        tokenize_files(text_inputs, str(tokenizer_file), tmp_path / "busy")
+
+
+def test_json_lines_gzip_parquet_and_whole_file_documents(tmp_path, tokenizer_file, expected):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    lines = "".join(json.dumps({"body": t, "id": i}) + "\n" for i, t in enumerate(TEXTS[:80]))
+    (tmp_path / "a.jsonl").write_text(lines)
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps({"body": t}) + "\n" for t in TEXTS[80:160]))
+    pq.write_table(pa.table({"body": TEXTS[160:]}), tmp_path / "c.parquet", row_group_size=30)
+    inputs = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl.gz"), str(tmp_path / "c.parquet")]
+    tokenize_files(inputs, str(tokenizer_file), tmp_path / "out", text_field="body")
+    assert documents_of(open_tokens(tmp_path / "out")) == expected
+
+    (tmp_path / "docs").mkdir()
+    for i, text in enumerate(TEXTS[:3]):
+        (tmp_path / "docs" / f"{i}.txt").write_text(text + "\nsecond line")
+    tokenize_files(
+        [str(tmp_path / "docs" / "*.txt")],
+        str(tokenizer_file),
+        tmp_path / "whole",
+        document_per_file=True,
+    )
+    tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+    eos = tokenizer.token_to_id(EOS)
+    assert documents_of(open_tokens(tmp_path / "whole")) == [
+        tokenizer.encode(t + "\nsecond line").ids + [eos] for t in TEXTS[:3]
+    ]
+
+
+def test_eos_by_text_by_id_or_none(tmp_path, tokenizer_file, text_inputs, expected):
+    eos = expected[0][-1]
+    by_id = tokenize_files(text_inputs, str(tokenizer_file), tmp_path / "id", eos=eos)
+    assert by_id.tokens == sum(map(len, expected))
+    tokenize_files(text_inputs, str(tokenizer_file), tmp_path / "none", eos=None)
+    assert documents_of(open_tokens(tmp_path / "none")) == [d[:-1] for d in expected]
+    with pytest.raises(ValueError, match="no token '</s>'"):
+        tokenize_files(text_inputs, str(tokenizer_file), tmp_path / "x", eos="</s>")
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tokenize_files(text_inputs, str(tokenizer_file), tmp_path / "y", eos=10**6)
+
+
+BAD_INPUTS = {
+    "missing field": ("d.jsonl", '{"text": "a"}\n{"body": "b"}\n', r"d.jsonl, line 2: no 'text'"),
+    "not json": ("d.jsonl", '{"text": "a"}\nnot json\n', r"d.jsonl, line 2: not JSON"),
+    "field not text": ("d.jsonl", '{"text": 5}\n', r"line 1: field 'text' is int"),
+    "not utf-8": ("d.txt", b"fine\n\xff\xfe broken\n", r"d.txt, line 2: not UTF-8"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_a_bad_input_is_a_value_error_naming_the_file_and_line(tmp_path, tokenizer_file, case):
+    name, content, message = BAD_INPUTS[case]
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ValueError, match=message):
+        tokenize_files([str(path)], str(tokenizer_file), tmp_path / "out")
+
+
+def test_tokenizers_that_are_missing_or_not_local_are_clear_errors(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError):
+        Encoder(str(tmp_path / "missing.json"))
+    (tmp_path / "junk.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a tokenizers JSON file"):
+        Encoder(str(tmp_path / "junk.json"))
+    try:
+        import tiktoken  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="tiktoken"):
+            Encoder("cl100k_base")
+        return
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
+    with pytest.raises(ValueError, match="not in tiktoken's local cache.*never downloads"):
+        Encoder("cl100k_base")
+    with pytest.raises(ValueError, match="no such file or tiktoken encoding"):
+        Encoder("no_such_encoding")
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_the_command_line_tokenizes_and_inspect_reports_documents(
+    tmp_path, tokenizer_file, text_inputs, expected
+):
+    out = tmp_path / "out"
+    code, stdout, stderr = run(
+        "tokenize",
+        *text_inputs,
+        "--tokenizer",
+        str(tokenizer_file),
+        "--output",
+        str(out),
+        "--format",
+        "megatron",
+        "--shard-tokens",
+        "2000",
+        "--workers",
+        "2",
+    )
+    assert code == 0, stderr
+    assert f"{len(TEXTS):,} documents" in stdout and "megatron shards" in stdout
+    assert "tokenize:" in stderr and "shards done" in stderr
+    assert documents_of(open_tokens(out)) == expected
+    code, stdout, stderr = run("inspect", str(out), "--json", "--vocab-size", "100")
+    assert code == 0, stderr
+    (summary,) = json.loads(stdout)
+    lengths = [len(d) for d in expected]
+    assert summary["documents"] == len(TEXTS) and summary["format"] == "megatron"
+    assert summary["min_document"] == min(lengths) and summary["max_document"] == max(lengths)
+    assert "beyond --vocab-size 100" in stderr
+    code, stdout, stderr = run(
+        "tokenize",
+        *text_inputs,
+        "--tokenizer",
+        str(tokenizer_file),
+        "--output",
+        str(out),
+        "--eos",
+        "</s>",
+    )
+    assert code == 1 and "error:" in stderr and "'</s>'" in stderr
