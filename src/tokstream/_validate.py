@@ -41,8 +41,8 @@ SCAN_CHUNK = 1 << 20
 # Scalar controls
 
 
-def shown(value: int) -> str:
-    """``value`` for an error message.
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message.
 
     Python refuses to print an int of more than ``sys.get_int_max_str_digits()`` digits (4300 by
     default) and raises its own ValueError instead, which would hide the message naming the
@@ -51,6 +51,8 @@ def shown(value: int) -> str:
     try:
         return repr(value)
     except ValueError:
+        if not isinstance(value, int):
+            raise
         sign = "a negative" if value < 0 else "an"
         return f"{sign} int of {value.bit_length()} bits"
 
