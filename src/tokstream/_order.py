@@ -55,6 +55,11 @@ class WindowOrder:
         self.batches_per_epoch = full + (1 if rest and not options.drop_last else 0)
         # Largest number of rows any batch of this rank holds.
         self.max_rows = min(options.batch_size, self.positions_per_epoch // world)
+        # The per-batch arithmetic reads these, not the options, to keep the fixed cost small.
+        self._batch_size, self._world, self._rank = options.batch_size, world, options.rank
+        self._shuffle, self._global_batch = options.shuffle, global_batch
+        # The position of the first global batch past the epoch's last.
+        self._epoch_end = self.batches_per_epoch * global_batch
         if self.draws_orders:
             check_order_fits(num_windows)
         self._implicit_domain = implicit_domain(max(num_windows, 1))
@@ -70,7 +75,7 @@ class WindowOrder:
     def rows(self, cursor: Cursor) -> int:
         """How many windows this rank's batch at ``cursor`` holds."""
         remaining = self.positions_per_epoch - cursor.position
-        return min(self.options.batch_size, remaining // self.options.world_size)
+        return min(self._batch_size, remaining // self._world)
 
     def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
         """Window indices of this rank's batch at ``cursor``: order positions ``p + r + k W``.
@@ -78,9 +83,9 @@ class WindowOrder:
         Every position is below ``positions_per_epoch <= num_windows`` and every order maps
         ``[0, num_windows)`` onto itself, so each index is a valid window for the kernel.
         """
-        world = self.options.world_size
-        first = cursor.position + self.options.rank
-        if not self.options.shuffle:
+        world = self._world
+        first = cursor.position + self._rank
+        if not self._shuffle:
             return np.arange(first, first + world * count, world, dtype=np.int64)
         if not self.draws_orders:
             return self._implicit(cursor.epoch, first, world, count)
@@ -96,8 +101,8 @@ class WindowOrder:
 
         Unlike :meth:`after`, it never crosses into the next epoch, so it changes nothing.
         """
-        position = cursor.position + self.options.global_batch_size
-        if position // self.options.global_batch_size < self.batches_per_epoch:
+        position = cursor.position + self._global_batch
+        if position < self._epoch_end:
             return Cursor(cursor.epoch, position, cursor.rng_state)
         return None
 
