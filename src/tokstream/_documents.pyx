@@ -48,9 +48,9 @@ def document_positions(
     Position ids of window ``i`` (``block = position_ids.shape[1]`` tokens from ``starts[i]``)
     into row ``rows[i]``, and whether the token after it belongs to the same document.
 
-    A token starts a document when its index is in ``document_starts`` (sorted, repeated for
-    empty documents, local to
-    ``tokens``) or, with ``use_eos``, when the token before it equals ``eos``. Row ``r`` gets
+    A token starts a document when its index is in ``document_starts`` (sorted, local to
+    ``tokens``, a start repeated for each empty document) or, with ``use_eos``, when the token
+    before it equals ``eos``. Row ``r`` gets
     ``position_ids[r, 0] = 0``, then 0 at every document start and one more than the token before
     elsewhere; ``label_continues[r]`` is 0 when token ``starts[i] + block`` starts a document.
 
