@@ -1,11 +1,28 @@
-"""Documents in a corpus: boundaries recorded by Corpus.from_documents and by readers."""
+"""Documents in a corpus and the streams over them: strides, window policies, batch extras.
+
+Corpus.from_documents and the readers record boundaries; every stream over them is checked
+against the pure-NumPy oracle of tests/oracle_documents.py.
+"""
 
 from __future__ import annotations
 
+import tracemalloc
+from itertools import pairwise
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tokstream import Corpus
+from tests.conftest import assert_same_batches as tuple_batches_identical
+from tests.oracle_documents import (
+    Shard,
+    assert_same_batches,
+    copied,
+    expected_batches,
+    materialized_orders,
+)
+from tokstream import Corpus, open_tokens, reference, stream_token_source
 
 
 def test_from_documents_joins_the_documents_and_records_their_boundaries():
@@ -69,3 +86,340 @@ def test_readers_record_documents_per_shard_and_they_are_checked():
     ]:
         with pytest.raises(ValueError, match=match):
             Corpus._from_arrays(arrays, ["a", "b"], "files", [offsets, None])
+
+
+# ---------------------------------------------------------------------------------------------
+# Streams over documents against the pure-NumPy oracle (tests/oracle_documents.py)
+
+ALL_EXTRAS = ("position_ids", "loss_mask", "cu_seqlens")
+VOCAB = 6  # few ids, so that a drawn eos occurs often, also first and last
+
+
+@st.composite
+def layouts(draw):
+    """Shards of small token ids, each with or without recorded documents (some empty)."""
+    dtype = draw(st.sampled_from(["uint8", "uint16", "int32", "int64"]))
+    shards = []
+    for _ in range(draw(st.integers(1, 3))):
+        lengths = draw(
+            st.lists(st.one_of(st.integers(0, 12), st.integers(40, 90)), min_size=1, max_size=6)
+        )
+        tokens = np.array(
+            draw(st.lists(st.integers(0, VOCAB - 1), min_size=sum(lengths), max_size=sum(lengths))),
+            dtype=dtype,
+        )
+        recorded = draw(st.booleans())
+        boundaries = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        shards.append(Shard(tokens, boundaries if recorded else None))
+    return shards
+
+
+def corpus_of(shards) -> Corpus:
+    if len(shards) == 1 and shards[0].boundaries is not None:
+        b = shards[0].boundaries
+        return Corpus.from_documents([shards[0].tokens[s:e] for s, e in pairwise(b)])
+    return Corpus._from_arrays(
+        [s.tokens for s in shards],
+        [f"shard{i}" for i in range(len(shards))],
+        "shards",
+        [s.boundaries for s in shards],
+    )
+
+
+@st.composite
+def settings_of_a_run(draw):
+    return {
+        "block": draw(st.integers(1, 9)),
+        "batch_size": draw(st.integers(1, 5)),
+        "stride": draw(st.sampled_from([1, 2, 3, 5, 8, 13])),
+        "eos": draw(st.sampled_from([None, 0, VOCAB - 1])),
+        "windows": draw(st.sampled_from(["cross", "within"])),
+        "targets": draw(st.sampled_from(["next", "shifted"])),
+        "extras": tuple(draw(st.permutations(ALL_EXTRAS))[: draw(st.integers(0, 3))]),
+        "drop_last": draw(st.booleans()),
+        "epochs": draw(st.integers(1, 2)),
+    }
+
+
+def stream_order(seed: int, permutation: str):
+    """``epoch_order`` for the oracle: the stream's order of ``n`` windows in ``epoch``."""
+    cache: dict[int, np.ndarray] = {}
+
+    def order(epoch: int, n: int) -> np.ndarray:
+        if n not in cache:
+            epochs = epoch + 2
+            if permutation == "materialized":
+                cache[n] = np.stack(materialized_orders(seed, epochs, n))
+            else:
+                plain = stream_token_source(
+                    np.arange(n + 1),
+                    1,
+                    max(n, 1),
+                    epochs=epochs,
+                    seed=seed,
+                    permutation="implicit",
+                )
+                cache[n] = np.stack([windows[:, 0] for windows, _ in plain]).reshape(epochs, n)
+        return cache[n][epoch]
+
+    return order
+
+
+def oracle_run(shards, run, order=None, **sharding):
+    keep = ("block", "batch_size", "stride", "eos", "windows", "targets", "extras")
+    keep += ("drop_last", "epochs")
+    return expected_batches(shards, epoch_order=order, **{k: run[k] for k in keep}, **sharding)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shards=layouts(), run=settings_of_a_run(), world_size=st.integers(1, 3))
+def test_every_rank_streams_the_oracles_batches_in_index_order(shards, run, world_size):
+    corpus = corpus_of(shards)
+    for rank in range(world_size):
+        stream = stream_token_source(corpus, **run, shuffle=False, rank=rank, world_size=world_size)
+        expected = oracle_run(shards, run, rank=rank, world_size=world_size)
+        assert len(stream) == len(expected)
+        assert_same_batches(list(stream), expected)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shards=layouts(),
+    run=settings_of_a_run(),
+    seed=st.integers(0, 2**32 - 1),
+    permutation=st.sampled_from(["materialized", "implicit"]),
+)
+def test_shuffled_streams_give_the_oracles_batches_in_the_epoch_order(
+    shards, run, seed, permutation
+):
+    stream = stream_token_source(
+        corpus_of(shards), **run, shuffle=True, seed=seed, permutation=permutation
+    )
+    expected = oracle_run(shards, run, stream_order(seed, permutation))
+    assert len(stream) == len(expected)
+    assert_same_batches(list(stream), expected)
+
+
+def interleaved(batches: list, world_size: int):
+    """The rows of one global step (one batch per rank) in order position order."""
+    if isinstance(batches[0], tuple):
+        batches = [{"input_ids": b[0], "labels": b[1]} for b in batches]
+    return {
+        name: np.stack([b[name] for b in batches], axis=1).reshape(-1, *batches[0][name].shape[1:])
+        for name in ("input_ids", "labels", "position_ids", "loss_mask")
+        if name in batches[0]
+    }
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shards=layouts(),
+    run=settings_of_a_run(),
+    world_size=st.integers(2, 3),
+    shuffle=st.booleans(),
+)
+def test_the_ranks_together_stream_the_single_rank_sequence(shards, run, world_size, shuffle):
+    run = {**run, "epochs": 1}
+    corpus = corpus_of(shards)
+    ranks = [
+        list(stream_token_source(corpus, **run, shuffle=shuffle, rank=r, world_size=world_size))
+        for r in range(world_size)
+    ]
+    single = list(
+        stream_token_source(
+            corpus, **{**run, "batch_size": run["batch_size"] * world_size}, shuffle=shuffle
+        )
+    )
+    assert len(single) >= len(ranks[0])
+    for step, batches in enumerate(zip(*ranks, strict=True)):
+        together = interleaved(list(batches), world_size)
+        alone = interleaved([single[step]], 1)
+        for name, rows in together.items():
+            assert np.array_equal(rows, alone[name][: rows.shape[0]]), (step, name)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shards=layouts(),
+    run=settings_of_a_run(),
+    shuffle=st.booleans(),
+    prefetch=st.integers(0, 2),
+    reuse=st.booleans(),
+)
+def test_resuming_after_every_batch_continues_identically(shards, run, shuffle, prefetch, reuse):
+    corpus = corpus_of(shards)
+    options = {**run, "shuffle": shuffle, "prefetch": prefetch}
+    if reuse:
+        options["reuse_buffers"] = prefetch + 2
+    stream = stream_token_source(corpus, **options)
+    states, batches = [stream.state_dict()], []
+    for batch in stream:
+        batches.append(copied(batch))
+        states.append(stream.state_dict())
+    order = stream_order(0, stream.options.permutation) if shuffle else None
+    assert_same_batches(batches, oracle_run(shards, run, order))
+    for k, state in enumerate(states):
+        resumed = stream_token_source(corpus, **options)
+        resumed.load_state_dict(state)
+        assert_same_batches([copied(b) for b in resumed], batches[k:])
+        resumed.close()
+
+
+@pytest.mark.parametrize("windows", ["cross", "within"])
+@pytest.mark.parametrize("targets", ["next", "shifted"])
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        pytest.param([9, 1, 2, 9, 3, 4, 5, 9], id="nanogpt_eos_last"),
+        pytest.param([9, 1, 2, 3, 9, 4, 5, 6, 7, 9, 9, 8], id="llmc_eos_first"),
+        pytest.param(list(range(1, 9)) * 8, id="one_huge_document"),
+        pytest.param([9] * 12, id="only_eos"),
+    ],
+)
+@pytest.mark.parametrize("stride", [1, 3])
+def test_eos_placements_give_the_oracles_batches(tokens, windows, targets, stride):
+    shards = [Shard(np.array(tokens, np.uint16))]
+    run = {"stride": stride, "eos": 9, "windows": windows, "targets": targets}
+    stream = stream_token_source(shards[0].tokens, 2, 3, shuffle=False, extras=ALL_EXTRAS, **run)
+    assert_same_batches(list(stream), expected_batches(shards, 2, 3, extras=ALL_EXTRAS, **run))
+
+
+def test_eos_and_recorded_documents_together_break_at_both():
+    documents = [np.array([1, 2, 9, 3, 4], np.int32), np.array([5, 6, 7, 8], np.int32)]
+    corpus = Corpus.from_documents(documents)
+    assert corpus.boundaries_with_eos(9).tolist() == [0, 3, 5, 9]
+    batch = next(stream_token_source(corpus, 8, 1, shuffle=False, eos=9, extras=("position_ids",)))
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]
+    within = stream_token_source(corpus, 2, 8, shuffle=False, eos=9, windows="within")
+    assert next(within)[0].tolist() == [[1, 2], [5, 6], [6, 7]]  # [3, 4] holds no window
+
+
+def test_streams_over_several_token_files_give_the_oracles_batches(tmp_path):
+    rng = np.random.default_rng(5)
+    shards = [Shard(rng.integers(0, 4, n).astype(np.uint16)) for n in (50, 7, 33)]
+    paths = []
+    for i, shard in enumerate(shards):
+        paths.append(tmp_path / f"shard_{i}.bin")
+        shard.tokens.tofile(paths[-1])
+    corpus = open_tokens([str(p) for p in paths])
+    for run in [
+        {"stride": 4, "windows": "cross"},
+        {"stride": 2, "eos": 3, "windows": "within"},
+        {"stride": 5, "eos": 0, "windows": "cross"},
+    ]:
+        stream = stream_token_source(
+            corpus, 5, 4, shuffle=False, targets="shifted", extras=ALL_EXTRAS, **run
+        )
+        expected = expected_batches(shards, 5, 4, targets="shifted", extras=ALL_EXTRAS, **run)
+        assert len(stream) == len(expected)
+        assert_same_batches(list(stream), expected)
+
+
+def test_without_documents_the_extras_are_the_trivial_ones():
+    ids = np.arange(40, dtype=np.int64)
+    batch = next(stream_token_source(ids, 4, 3, shuffle=False, extras=ALL_EXTRAS))
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3]] * 3
+    assert batch["loss_mask"].tolist() == [True] * 3
+    assert batch["cu_seqlens"].tolist() == [0, 4, 8, 12] and batch["max_seqlen"] == 4
+
+
+def test_explicit_empty_extras_stay_byte_identical_to_the_reference():
+    ids = np.random.default_rng(2).integers(0, 50257, 3000).astype(np.uint16)
+    for shuffle in (True, False):
+        fast = stream_token_source(ids, 16, 64, epochs=2, shuffle=shuffle, seed=7, extras=())
+        ref = reference.stream_token_source(ids, 16, 64, epochs=2, shuffle=shuffle, seed=7)
+        tuple_batches_identical(fast, ref)
+
+
+def test_stride_block_gives_non_overlapping_samples_sharing_one_token():
+    ids = np.arange(1, 22, dtype=np.uint16)  # 21 tokens: samples of 5 tokens, 5 of them
+    windows, labels = next(stream_token_source(ids, 4, 10, shuffle=False, stride=4))
+    assert windows[:, 0].tolist() == [1, 5, 9, 13, 17]
+    assert labels.tolist() == [5, 9, 13, 17, 21]
+
+
+def test_the_torch_dataset_gives_the_oracles_batches_as_tensors():
+    torch_dataset = pytest.importorskip("tokstream.torch")
+    shards = [Shard(np.array([0, 1, 2, 9, 3, 4, 9, 5, 6, 7, 8, 9, 1], np.uint16))]
+    run = {"stride": 2, "eos": 9, "windows": "within", "targets": "shifted", "extras": ALL_EXTRAS}
+    dataset = torch_dataset.TokenDataset(shards[0].tokens, 2, 2, shuffle=False, **run)
+    got = [
+        {k: v if k == "max_seqlen" else v.numpy() for k, v in batch.items()} for batch in dataset
+    ]
+    assert_same_batches(got, expected_batches(shards, 2, 2, **run))
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory: strided and within-document index spaces cost O(documents), never O(windows)
+
+MB = 1 << 20
+
+
+def traced_peak_beyond_batches(stream, batches: int) -> tuple[int, int]:
+    """Peak traced bytes over ``batches`` batches, and the bytes of two batches."""
+    tracemalloc.start()
+    try:
+        held = None
+        for _, batch in zip(range(batches), stream, strict=False):
+            held = batch
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    arrays = held.values() if isinstance(held, dict) else held
+    return peak, 2 * sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+
+
+@pytest.fixture(scope="module")
+def sparse_tokens(tmp_path_factory) -> np.memmap:
+    """10**8 uint16 tokens in a sparse file: zeros, with an eos (7) every 100,000 tokens."""
+    path = tmp_path_factory.mktemp("sparse") / "tokens.bin"
+    with open(path, "wb") as file:
+        file.truncate(2 * 10**8)
+    tokens = np.memmap(path, np.uint16, "r+")
+    tokens[99_999::100_000] = 7
+    tokens.flush()
+    return np.memmap(path, np.uint16, "r")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "run",
+    [
+        pytest.param({"stride": 7}, id="strided_cross"),
+        pytest.param({"stride": 3, "windows": "within", "documents": 10**4}, id="within_recorded"),
+        pytest.param({"windows": "within", "eos": 7}, id="within_eos"),
+        pytest.param({"stride": 5, "eos": 7, "extras": ALL_EXTRAS}, id="strided_eos_extras"),
+    ],
+)
+def test_implicit_order_over_1e8_tokens_allocates_nothing_per_window(sparse_tokens, run):
+    run = dict(run)
+    documents = run.pop("documents", None)
+    if documents:
+        boundaries = np.linspace(0, sparse_tokens.shape[0], documents + 1).astype(np.int64)
+        corpus = Corpus._from_arrays([sparse_tokens], ["tokens"], "tokens", [boundaries])
+    else:
+        corpus = Corpus.from_tokens(sparse_tokens)
+
+    tracemalloc.start()
+    try:
+        stream = stream_token_source(corpus, 1024, 64, seed=1, targets="shifted", **run)
+        _, made_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert stream.options.permutation == "implicit"
+    assert stream.num_windows > 10**7  # an int64 per window would be 80 MB or more
+    peak, batches = traced_peak_beyond_batches(stream, 20)
+    print(f"{run}: made in {made_peak / MB:.2f} MiB, 20 batches {(peak - batches) / MB:.2f} MiB")
+    assert made_peak < 4 * MB, f"making the stream peaked at {made_peak / MB:.1f} MiB"
+    assert peak - batches < 4 * MB, f"peak {peak / MB:.1f} MiB beyond two batches"
+
+
+def test_an_empty_document_does_not_hide_the_next_documents_start():
+    # Starts 3, 3 (an empty document) and 4: the kernel must see the start at 4 too.
+    documents = [np.arange(1, 4), np.arange(0), np.arange(7, 8), np.arange(8, 12)]
+    corpus = Corpus.from_documents(documents)
+    batch = next(stream_token_source(corpus, 4, 2, shuffle=False, stride=2, extras=ALL_EXTRAS))
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 7], [3, 7, 8, 9]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0], [0, 0, 0, 1]]
+    assert batch["cu_seqlens"].tolist() == [0, 3, 4, 5, 6, 8]
+    assert batch["loss_mask"].tolist() == [False, True]

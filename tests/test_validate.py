@@ -142,6 +142,17 @@ def test_bad_input_raises_at_call_time_naming_the_argument(path, overrides, erro
             {"token_ids": np.arange(20, dtype=np.uint16), "eos": -1}, ValueError, "eos",
             id="eos_negative_unsigned",
         ),
+        pytest.param(
+            {"token_ids": np.arange(20.0), "eos": 2**63}, ValueError, "eos",
+            id="eos_outside_int64_of_a_converted_float_corpus",
+        ),
+        pytest.param(
+            {"token_ids": np.arange(20, dtype=np.int8), "eos": 128, "windows": "within"},
+            ValueError, "eos", id="eos_outside_dtype_within",
+        ),
+        pytest.param({"eos": True}, TypeError, "eos", id="eos_bool"),
+        pytest.param({"stride": -3}, ValueError, "stride", id="stride_negative"),
+        pytest.param({"extras": ["position_ids", 3]}, TypeError, "extras", id="extras_not_str"),
         pytest.param({"windows": "x"}, ValueError, "windows", id="windows_unknown"),
         pytest.param({"windows": None}, TypeError, "windows", id="windows_none"),
         pytest.param({"extras": ("attention",)}, ValueError, "extras", id="extras_unknown"),

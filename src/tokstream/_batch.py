@@ -53,7 +53,7 @@ def fill(
     buffers: dict[str, np.ndarray],
     source_offsets: np.ndarray | None = None,
 ) -> None:
-    """Have the kernels copy the windows ``windows_index`` (and their positions) into ``buffers``.
+    """Have the kernels copy windows ``windows_index`` (and their positions) into ``buffers``.
 
     ``source_offsets`` (a mixture's first window of each source, then the window count) gives
     the ``"source"`` buffer: a window's source is the last one starting at or before it.

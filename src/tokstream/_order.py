@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tokstream._memory import available_memory
 from tokstream._state import Cursor
 from tokstream._validate import StreamOptions
 from tokstream._windows import permuted_positions, round_keys
@@ -57,6 +58,13 @@ class WindowOrder:
         self.batches_per_epoch = full + (1 if rest and not options.drop_last else 0)
         # Largest number of rows any batch of this rank holds.
         self.max_rows = min(options.batch_size, self.positions_per_epoch // world)
+        # The per-batch arithmetic reads these, not the options, to keep the fixed cost small.
+        self._batch_size, self._world, self._rank = options.batch_size, world, options.rank
+        self._shuffle, self._global_batch = options.shuffle, global_batch
+        # The position of the first global batch past the epoch's last.
+        self._epoch_end = self.batches_per_epoch * global_batch
+        if self.draws_orders:
+            check_order_fits(num_windows)
         self._implicit_domain = implicit_domain(max(num_windows, 1))
         self._implicit_keys: tuple[int, np.ndarray | None] = (-1, None)
         # (epoch, its order, the generator's state after drawing it) for the drawn epoch.
@@ -70,7 +78,7 @@ class WindowOrder:
     def rows(self, cursor: Cursor) -> int:
         """How many windows this rank's batch at ``cursor`` holds."""
         remaining = self.positions_per_epoch - cursor.position
-        return min(self.options.batch_size, remaining // self.options.world_size)
+        return min(self._batch_size, remaining // self._world)
 
     def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
         """Window indices of this rank's batch at ``cursor``: order positions ``p + r + k W``.
@@ -78,9 +86,9 @@ class WindowOrder:
         Every position is below ``positions_per_epoch <= num_windows`` and every order maps
         ``[0, num_windows)`` onto itself, so each index is a valid window for the kernel.
         """
-        world = self.options.world_size
-        first = cursor.position + self.options.rank
-        if not self.options.shuffle:
+        world = self._world
+        first = cursor.position + self._rank
+        if not self._shuffle:
             return np.arange(first, first + world * count, world, dtype=np.int64)
         if not self.draws_orders:
             return self._implicit(cursor.epoch, first, world, count)
@@ -96,8 +104,8 @@ class WindowOrder:
 
         Unlike :meth:`after`, it never crosses into the next epoch, so it changes nothing.
         """
-        position = cursor.position + self.options.global_batch_size
-        if position // self.options.global_batch_size < self.batches_per_epoch:
+        position = cursor.position + self._global_batch
+        if position < self._epoch_end:
             return Cursor(cursor.epoch, position, cursor.rng_state)
         return None
 
@@ -137,6 +145,33 @@ class WindowOrder:
             windows, first, step, self.num_windows, low_bits, high_size, self._implicit_keys[1]
         )
         return windows
+
+
+#: A materialized order may take at most this fraction of the memory available when the stream
+#: is made; a larger one is refused rather than left to swap or be killed minutes later.
+ORDER_MEMORY_FRACTION = 0.5
+
+
+def check_order_fits(num_windows: int) -> None:
+    """Refuse a materialized order that would not fit in memory, before anything is allocated.
+
+    Drawing ``RandomState.permutation(n)`` holds ``n`` int64 window indices (and takes about a
+    minute per 10**9 of them); at more than :data:`ORDER_MEMORY_FRACTION` of the available
+    memory the stream is refused with a ValueError naming ``permutation="implicit"``, which
+    orders the same windows with no O(windows) memory. Where the available memory cannot be
+    known, nothing is refused.
+    """
+    available = available_memory()
+    needed = 8 * num_windows
+    if available is None or needed <= ORDER_MEMORY_FRACTION * available:
+        return
+    raise ValueError(
+        f"permutation='materialized' would hold an order of {num_windows:,} windows, "
+        f"{needed / 2**30:,.1f} GiB of int64, more than {ORDER_MEMORY_FRACTION:.0%} of the "
+        f"{available / 2**30:,.1f} GiB of memory available; pass permutation='implicit' (the "
+        "same windows in a keyed pseudo-random order, no O(windows) memory; not the reference "
+        "generator's order)"
+    )
 
 
 def implicit_domain(n: int) -> tuple[int, int]:

@@ -348,6 +348,9 @@ class WindowGather:
         self.offsets = _read_only(_cumulative(counts[kept]))
         self.num_windows = int(self.offsets[-1])
         self._stride = stride
+        # With a single segment a window's start is an affine function of its index.
+        one_segment = self.offsets.shape[0] == 2
+        self._one_segment_base = int(self._segment_starts[0]) if one_segment else None
         self._single = self._shards[0] if len(self._shards) == 1 else None
         # The kernels specialised for the corpus dtype (keyed by its C type, e.g. "uint16_t"), so
         # no batch pays the fused-type dispatch.
@@ -365,11 +368,10 @@ class WindowGather:
 
     def token_starts(self, windows: np.ndarray) -> np.ndarray:
         """The first token of each window, in the shards laid end to end."""
-        if self.offsets.shape[0] == 2:
-            base = int(self._segment_starts[0])
-            if self._stride == 1 and base == 0:
+        if self._one_segment_base is not None:
+            if self._stride == 1 and self._one_segment_base == 0:
                 return windows
-            return windows * self._stride + base
+            return windows * self._stride + self._one_segment_base
         segment = np.searchsorted(self.offsets, windows, side="right") - 1
         return self._segment_starts[segment] + (windows - self.offsets[segment]) * self._stride
 

@@ -163,22 +163,35 @@ class TokenStream(Iterator[Batch]):
 
     def _produce(self) -> Batch:
         """Assemble the batch at the live cursor and advance it; the caller holds the lock."""
-        cursor, options = self._cursor, self._options
-        if self._closed or cursor.epoch >= options.epochs or self.batches_per_epoch == 0:
+        cursor, options, order = self._cursor, self._options, self._order
+        if self._closed or cursor.epoch >= options.epochs or order.batches_per_epoch == 0:
             raise StopIteration
-        count = self._order.rows(cursor)
+        count = order.rows(cursor)
         if self._readahead is None:
-            windows_index = self._order.batch_windows(cursor, count)
+            windows_index = order.batch_windows(cursor, count)
         else:
             windows_index = self._readahead.batch_windows(cursor, count)
-        if options.reuse_buffers:
-            buffers = _batch.rows_of(self._ring_slot(), count)
+        if options.reuse_buffers or options.extras:
+            buffers = (
+                _batch.rows_of(self._ring_slot(), count) if options.reuse_buffers
+                else _batch.new_buffers(options, count)
+            )
+            _batch.fill(self._gather, windows_index, buffers, order.source_offsets)
+            batch = _batch.assemble(buffers, options.extras)
         else:
-            buffers = _batch.new_buffers(options, count)
-        _batch.fill(self._gather, windows_index, buffers, self._order.source_offsets)
+            # The plain batch, without the buffer bookkeeping: this is the per-batch fixed cost
+            # that small batches of long windows feel.
+            windows = np.empty((count, options.block), np.int64)
+            if options.targets == "next":
+                labels = np.empty(count, np.int64)
+                self._gather(windows_index, windows, labels)
+            else:
+                labels = np.empty((count, options.block), np.int64)
+                self._gather(windows_index, windows, None, labels)
+            batch = windows, labels
         # The cursor moves in one assignment, so an interrupt leaves it before or after.
-        self._cursor = self._order.after(cursor)
-        return _batch.assemble(buffers, options.extras)
+        self._cursor = order.after(cursor)
+        return batch
 
     def _ring_slot(self) -> dict[str, np.ndarray]:
         """The next buffers of the ``reuse_buffers`` ring, allocated the first time each is used.
@@ -323,8 +336,9 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
     seed
         Seed of the epoch orders, in ``[0, 2**32)``.
     targets
-        ``"next"`` yields the ``(b,)`` next tokens, as the reference generator does; ``"shifted"`` yields the
-        ``(b, block)`` windows shifted by one token, as language-model training uses.
+        ``"next"`` yields the ``(b,)`` next tokens, as the reference generator does;
+        ``"shifted"`` yields the ``(b, block)`` windows shifted by one token, as language-model
+        training uses.
     rank, world_size
         This process' share of each epoch (see the module docstring).
     drop_last
