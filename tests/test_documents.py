@@ -412,3 +412,14 @@ def test_implicit_order_over_1e8_tokens_allocates_nothing_per_window(sparse_toke
     print(f"{run}: made in {made_peak / MB:.2f} MiB, 20 batches {(peak - batches) / MB:.2f} MiB")
     assert made_peak < 4 * MB, f"making the stream peaked at {made_peak / MB:.1f} MiB"
     assert peak - batches < 4 * MB, f"peak {peak / MB:.1f} MiB beyond two batches"
+
+
+def test_an_empty_document_does_not_hide_the_next_documents_start():
+    # Starts 3, 3 (an empty document) and 4: the kernel must see the start at 4 too.
+    documents = [np.arange(1, 4), np.arange(0), np.arange(7, 8), np.arange(8, 12)]
+    corpus = Corpus.from_documents(documents)
+    batch = next(stream_token_source(corpus, 4, 2, shuffle=False, stride=2, extras=ALL_EXTRAS))
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 7], [3, 7, 8, 9]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0], [0, 0, 0, 1]]
+    assert batch["cu_seqlens"].tolist() == [0, 3, 4, 5, 6, 8]
+    assert batch["loss_mask"].tolist() == [False, True]

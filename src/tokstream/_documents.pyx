@@ -49,7 +49,8 @@ def document_positions(
     into row ``rows[i]``, and whether the token after it belongs to the same document.
 
     A token starts a document when its index is in ``document_starts`` (sorted, local to
-    ``tokens``) or, with ``use_eos``, when the token before it equals ``eos``. Row ``r`` gets
+    ``tokens``, a start repeated for each empty document) or, with ``use_eos``, when the token
+    before it equals ``eos``. Row ``r`` gets
     ``position_ids[r, 0] = 0``, then 0 at every document start and one more than the token before
     elsewhere; ``label_continues[r]`` is 0 when token ``starts[i] + block`` starts a document.
 
@@ -76,7 +77,12 @@ def document_positions(
                 breaks = use_eos and tokens[start + j - 1] == eos
                 if next_start == start + j:
                     breaks = True
-                    next_document += 1
+                    # Empty documents repeat a start: step past every copy of this one.
+                    while (
+                        next_document < num_documents
+                        and document_starts[next_document] == next_start
+                    ):
+                        next_document += 1
                     next_start = (
                         document_starts[next_document] if next_document < num_documents else -1
                     )
