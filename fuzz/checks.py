@@ -15,8 +15,11 @@ import copy
 import io
 import itertools
 import json
+import os
+import pickle
 import sys
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -34,7 +37,8 @@ from fuzz.model import (
     model_call,
     model_length,
 )
-from tokstream import Corpus, open_tokens, reference, stream_token_source
+from tokstream import Corpus, open_tokens, reference, stream_token_source, write_tokens
+from tokstream._filemap import file_map_of
 
 # Batches compared per call: epochs may be 2**70.
 MAX_BATCHES = 30
@@ -315,3 +319,112 @@ def check_cli_file(directory, token_file: TokenFile) -> str:
         output.unlink(missing_ok=True)
         for name in token_file.beside:
             (directory / name).unlink()
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle: rewinds, attribute edits, pickling and forks in the middle of a stream
+
+# Public attributes a caller might assign to mid-stream, and values that would break the
+# kernel's bounds if they were taken.
+ATTRIBUTE_EDITS = [
+    ("block", 10**6),
+    ("batch_size", 10**6),
+    ("num_windows", 10**9),
+    ("positions_per_epoch", 10**9),
+]
+
+
+def check_lifecycle(tokens, kwargs, steps: int, event: str, directory) -> str:
+    """After ``steps`` batches, ``event`` happens; the stream then yields the model's batches.
+
+    ``rewind``: load the state taken at the start (with a prefetch thread running ahead).
+    ``edit``: assign to the public attributes and to the corpus' arrays; each assignment raises
+    and changes nothing. ``pickle``: the tokens as a token file, the corpus pickled and
+    unpickled (it maps the file again), a new stream over it resumed from the state. ``fork``:
+    the rest of the stream comes from a forked child (POSIX), and the parent's is unchanged.
+    """
+    shards, controls = model_call(tokens, kwargs)
+    if event == "pickle":
+        path = write_tokens(directory / "tokens.npy", tokens, dtype=tokens.dtype)
+        stream = stream_token_source(open_tokens(path), **kwargs)
+    else:
+        stream = build_stream(tokens, kwargs)
+    expected = model_batches(shards, controls)
+    try:
+        start = stream.state_dict()
+        assert_batches_equal(
+            itertools.islice(stream, steps), itertools.islice(expected, steps), "before"
+        )
+        rest = itertools.islice(model_batches(shards, controls), steps, steps + MAX_BATCHES)
+        if event == "rewind":
+            stream.load_state_dict(start)
+            rest = itertools.islice(model_batches(shards, controls), MAX_BATCHES)
+        elif event == "edit":
+            _edit_attributes(stream)
+        elif event == "pickle":
+            state = stream.state_dict()
+            corpus = pickle.loads(pickle.dumps(stream.corpus))
+            assert file_map_of(corpus.shards[0]) is not None, "the corpus was copied"
+            stream.close()
+            stream = stream_token_source(corpus, **kwargs)
+            stream.load_state_dict(state)
+        elif event == "fork":
+            if not hasattr(os, "fork"):
+                return "lifecycle fork skipped"
+            _check_in_a_forked_child(stream, list(itertools.islice(rest, 5)))
+            rest = itertools.islice(model_batches(shards, controls), steps, steps + MAX_BATCHES)
+        assert_batches_equal(
+            itertools.islice(stream, MAX_BATCHES), rest, f"after {event}",
+            held=controls["reuse_buffers"],
+        )
+    finally:
+        stream.close()
+    assert_no_prefetch_thread()
+    return f"lifecycle {event}"
+
+
+def _edit_attributes(stream) -> None:
+    for name, value in ATTRIBUTE_EDITS:
+        before = getattr(stream, name)
+        try:
+            setattr(stream, name, value)
+        except AttributeError:
+            pass
+        assert getattr(stream, name) == before, f"assigning stream.{name} took effect"
+    lengths = stream.corpus.lengths
+    before = lengths.copy()
+    with contextlib.suppress(ValueError):  # "assignment destination is read-only"
+        lengths[...] = 10**12
+    assert np.array_equal(stream.corpus.lengths, before), "editing corpus.lengths took effect"
+    shards = stream.corpus.shards
+    with contextlib.suppress(AttributeError):
+        stream.corpus.shards = ()
+    assert stream.corpus.shards is shards, "rebinding corpus.shards took effect"
+
+
+def _check_in_a_forked_child(stream, expected: list) -> None:
+    """The child takes the next batches of ``stream`` and reports whether they are ``expected``."""
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns that forking a process with threads may deadlock: the case tested.
+        warnings.filterwarnings("ignore", "This process .* fork", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        verdict = b"ok"
+        try:
+            got = list(itertools.islice(stream, len(expected)))
+            same = len(got) == len(expected) and all(
+                np.array_equal(a, b)
+                for g, w in zip(got, expected, strict=True)
+                for a, b in zip(g, w, strict=True)
+            )
+            verdict = b"ok" if same else b"the child's batches differ"
+        except BaseException as error:  # reported to the parent
+            verdict = repr(error).encode()
+        os.write(write_end, verdict)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as report:
+        verdict = report.read()
+    os.waitpid(pid, 0)
+    assert verdict == b"ok", f"forked child: {verdict.decode()}"

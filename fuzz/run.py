@@ -1,10 +1,11 @@
 """Run the fuzz harness for a while: ``python -m fuzz.run --seconds 600`` from the repository root.
 
 Alternates the properties (calls, hand-edited states, token files and the command line reading
-them) in rounds until the time is up, then prints what it tried. A failing example stops the run
-with hypothesis' report; a warning is an error; a hang is killed by a watchdog with a traceback
-(``-X faulthandler`` is optional). ``tests/test_fuzz.py`` runs the same properties for a small,
-fixed number of examples; ``.ci/fuzz`` runs this for a bounded time against the debug build.
+them, rewinds, attribute edits, pickling and forks mid-stream) in rounds until the time is up,
+then prints what it tried. A failing example stops the run with hypothesis' report; a warning
+is an error; a hang is killed by a watchdog with a traceback (``-X faulthandler`` is optional).
+``tests/test_fuzz.py`` runs the same properties for a small, fixed number of examples;
+``.ci/fuzz`` runs this for a bounded time against the debug build.
 """
 
 from __future__ import annotations
@@ -22,8 +23,21 @@ from pathlib import Path
 import hypothesis
 from hypothesis import HealthCheck, given, settings
 
-from fuzz.checks import check_call, check_cli_file, check_state_edit, check_token_file
-from fuzz.strategies import call_kwargs, resumable_calls, state_edits, token_files, token_inputs
+from fuzz.checks import (
+    check_call,
+    check_cli_file,
+    check_lifecycle,
+    check_state_edit,
+    check_token_file,
+)
+from fuzz.strategies import (
+    call_kwargs,
+    lifecycle_events,
+    resumable_calls,
+    state_edits,
+    token_files,
+    token_inputs,
+)
 
 # A call that has not finished after this long is a hang.
 HANG_SECONDS = 120
@@ -81,10 +95,16 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
         tally.add(guarded(check_token_file, directory, token_file))
         tally.add(guarded(check_cli_file, directory, token_file))
 
+    @common
+    @given(call=resumable_calls(), event=lifecycle_events)
+    def lifecycles(call, event):
+        tokens, kwargs, steps = call
+        tally.add(guarded(check_lifecycle, tokens, kwargs, steps, event, directory))
+
     stop = time.monotonic() + seconds
     try:
         for round_number in itertools.count():
-            for test in (calls, states, files):
+            for test in (calls, states, files, lifecycles):
                 (test if seed is None else hypothesis.seed(seed + round_number)(test))()
             if time.monotonic() >= stop:
                 return tally

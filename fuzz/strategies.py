@@ -320,6 +320,10 @@ def resumable_calls(draw):
     return tokens, kwargs, draw(st.integers(0, 25))
 
 
+#: What happens to a stream in the middle (see ``fuzz.checks.check_lifecycle``).
+lifecycle_events = st.sampled_from(["rewind", "edit", "pickle", "fork"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Token files: corrupt, truncated and lying
 

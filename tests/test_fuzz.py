@@ -35,6 +35,15 @@ def test_a_hand_edited_state_is_refused_cleanly_or_resumes_where_it_claims(call,
 
 
 @QUICK
+@given(call=strategies.resumable_calls(), event=strategies.lifecycle_events)
+def test_a_stream_rewound_edited_pickled_or_forked_mid_run_keeps_yielding_the_models_batches(
+    tmp_path_factory, call, event
+):
+    tokens, kwargs, steps = call
+    guarded(checks.check_lifecycle, tokens, kwargs, steps, event, tmp_path_factory.mktemp("l"))
+
+
+@QUICK
 @given(token_file=strategies.token_files())
 def test_any_token_file_opens_to_exactly_its_tokens_or_a_clear_error(tmp_path_factory,
                                                                     token_file):

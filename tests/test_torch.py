@@ -318,6 +318,38 @@ def test_statefuldataloader_resumes_to_identical_batches(num_workers):
         assert torch.equal(x, rx) and torch.equal(y, ry)
 
 
+# ------------------------------------------------------------------ fork workers, started stream
+
+
+class StreamSlice(torch.utils.data.IterableDataset):
+    """The next ``count`` batches of a stream the caller already started."""
+
+    def __init__(self, stream, count: int) -> None:
+        self.stream, self.count = stream, count
+
+    def __iter__(self):
+        return itertools.islice(self.stream, self.count)
+
+
+# Python 3.12+ warns that forking a process with threads may deadlock: the very case tested.
+@pytest.mark.filterwarnings("ignore:This process .* fork:DeprecationWarning")
+def test_a_fork_worker_continues_a_stream_whose_prefetch_thread_was_running():
+    kwargs = {"epochs": 2, "seed": 1}
+    expected = [w for w, _ in stream_token_source(np.arange(3000), 8, 16, **kwargs)]
+    stream = stream_token_source(np.arange(3000), 8, 16, prefetch=3, **kwargs)
+    assert np.array_equal(next(stream)[0], expected[0])
+    time.sleep(0.05)  # the thread has filled its queue when the worker is forked
+    loader = DataLoader(
+        StreamSlice(stream, 5), batch_size=None, num_workers=1,
+        multiprocessing_context="fork", timeout=60,
+    )
+    got = [w.numpy() for w, _ in loader]
+    assert len(got) == 5
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected[1:6], strict=True))
+    assert np.array_equal(next(stream)[0], expected[1])  # the parent's stream is untouched
+    stream.close()
+
+
 # ------------------------------------------------------------------ spawned workers and files
 
 
