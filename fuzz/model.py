@@ -168,8 +168,11 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
     if controls["rank"] >= controls["world_size"]:
         raise Rejected(ValueError, "rank")
     controls["drop_last"] = model_bool(args["drop_last"], "drop_last")
+    # None picks the reference's order where its windows are streamed, as always here (the
+    # harness passes no stride, eos, window policy or mixture).
+    permutation = "materialized" if args["permutation"] is None else args["permutation"]
     controls["permutation"] = model_choice(
-        args["permutation"], "permutation", ("materialized", "implicit")
+        permutation, "permutation", ("materialized", "implicit")
     )
     # A background thread assembling batches ahead changes nothing about them.
     controls["prefetch"] = model_ranged(args["prefetch"], "prefetch", 0)
