@@ -55,7 +55,7 @@ def assert_batches_equal(got, expected, what: str, held: int = 1) -> int:
     each of the last ``k`` is checked again at every step), and may be overwritten after."""
     missing = object()
     count = 0
-    holding: collections.deque = collections.deque(maxlen=max(held, 1))
+    holding: collections.deque = collections.deque(maxlen=min(max(held, 1), MAX_BATCHES))
     for i, (batch, want_batch) in enumerate(
         itertools.zip_longest(got, expected, fillvalue=missing)
     ):
