@@ -16,14 +16,17 @@ except ImportError as exc:  # pragma: no cover - exercised only by a broken inst
 
 from tokstream.corpus import Corpus
 from tokstream.files import open_tokens, write_tokens
+from tokstream.mixture import Mixture, mix
 from tokstream.stream import TokenStream, stream_token_source
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Corpus",
+    "Mixture",
     "TokenStream",
     "__version__",
+    "mix",
     "open_tokens",
     "stream_token_source",
     "write_tokens",

@@ -11,7 +11,9 @@ mask) or found from the position ids by a binary search per piece (``cu_seqlens`
   document than the token it is predicted from;
 - ``"cu_seqlens"``, int32 ``(k + 1,)``: the boundaries of the document pieces of the flattened
   batch (every row start is one), from 0 to ``b * block``, with ``"max_seqlen"`` (a Python int),
-  flash-attention's varlen interface.
+  flash-attention's varlen interface;
+- ``"source"``, ``(b,)`` int64: each row's source in a :func:`tokstream.mix` mixture (its index
+  in the dict of sources).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from tokstream._documents import document_pieces
-from tokstream._validate import StreamOptions
+from tokstream._validate import DOCUMENT_EXTRAS, StreamOptions
 from tokstream.corpus import WindowGather
 
 Batch = Any  # tuple[np.ndarray, np.ndarray] | dict[str, Any]
@@ -34,11 +36,13 @@ def new_buffers(options: StreamOptions, rows: int) -> dict[str, np.ndarray]:
         "input_ids": np.empty((rows, block), np.int64),
         "labels": np.empty((rows,) if options.targets == "next" else (rows, block), np.int64),
     }
-    if options.extras:
+    if set(options.extras).intersection(DOCUMENT_EXTRAS):
         buffers["position_ids"] = np.empty((rows, block), np.int64)
         # The loss mask, filled by the document kernel: one flag per label.
         width = 1 if options.targets == "next" else block
         buffers["label_continues"] = np.empty((rows, width), np.uint8)
+    if "source" in options.extras:
+        buffers["source"] = np.empty(rows, np.int64)
     return buffers
 
 
@@ -47,8 +51,19 @@ def rows_of(buffers: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]
     return {name: buffer[:count] for name, buffer in buffers.items()}
 
 
-def fill(gather: WindowGather, windows_index: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
-    """Have the kernels copy windows ``windows_index`` (and their positions) into ``buffers``."""
+def fill(
+    gather: WindowGather,
+    windows_index: np.ndarray,
+    buffers: dict[str, np.ndarray],
+    source_offsets: np.ndarray | None = None,
+) -> None:
+    """Have the kernels copy windows ``windows_index`` (and their positions) into ``buffers``.
+
+    ``source_offsets`` (a mixture's first window of each source, then the window count) gives
+    the ``"source"`` buffer: a window's source is the last one starting at or before it.
+    """
+    if "source" in buffers:
+        buffers["source"][:] = np.searchsorted(source_offsets, windows_index, side="right") - 1
     labels = buffers["labels"]
     next_tokens, targets = (labels, None) if labels.ndim == 1 else (None, labels)
     gather(
@@ -62,7 +77,9 @@ def assemble(buffers: dict[str, np.ndarray], extras: tuple[str, ...]) -> Batch:
     if not extras:
         return buffers["input_ids"], buffers["labels"]
     batch: dict[str, Any] = {"input_ids": buffers["input_ids"], "labels": buffers["labels"]}
-    positions = buffers["position_ids"]
+    if "source" in extras:
+        batch["source"] = buffers["source"]
+    positions = buffers.get("position_ids")
     if "position_ids" in extras:
         batch["position_ids"] = positions
     if "loss_mask" in extras:

@@ -29,7 +29,7 @@ import numpy as np
 from tokstream._memory import available_memory
 from tokstream._state import Cursor
 from tokstream._validate import StreamOptions
-from tokstream._windows import permuted_positions
+from tokstream._windows import permuted_positions, round_keys
 
 MASK64 = (1 << 64) - 1
 FEISTEL_ROUNDS = 6
@@ -43,6 +43,9 @@ class WindowOrder:
     order (materialized shuffle) and the implicit permutation's round keys are cached for the
     epoch they belong to.
     """
+
+    #: First window of each source, then the window count: a mixture's; None for one corpus.
+    source_offsets: np.ndarray | None = None
 
     def __init__(self, num_windows: int, options: StreamOptions) -> None:
         self.num_windows = num_windows
@@ -115,6 +118,10 @@ class WindowOrder:
             self._drawn = None  # freed before the next epoch's order is drawn
         return Cursor(cursor.epoch + 1, 0, rng_state)
 
+    def fingerprint(self) -> dict:
+        """What decides the order beyond the corpus and the options (a mixture's sources)."""
+        return {}
+
     def release(self) -> None:
         """Drop the cached epoch order (it is drawn again if asked for)."""
         self._drawn = None
@@ -178,14 +185,14 @@ def implicit_domain(n: int) -> tuple[int, int]:
     return low_bits, high_size
 
 
-def implicit_round_keys(seed: int, epoch: int, rounds: int = FEISTEL_ROUNDS) -> np.ndarray:
-    """Round keys of the implicit permutation of ``epoch``: splitmix64 seeded by both."""
-    state = (seed * 0x9E3779B97F4A7C15 + (epoch & MASK64) * 0xD1B54A32D192ED03) & MASK64
+def implicit_round_keys(
+    seed: int, epoch: int, rounds: int = FEISTEL_ROUNDS, stream: int = 0
+) -> np.ndarray:
+    """Round keys of the implicit permutation of ``epoch``: splitmix64 seeded by both.
+
+    ``stream`` keeps apart permutations of one seed and epoch (a mixture's sources); 0 is a
+    single corpus.
+    """
     keys = np.empty(rounds, dtype=np.uint64)
-    for r in range(rounds):
-        state = (state + 0x9E3779B97F4A7C15) & MASK64
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-        keys[r] = z ^ (z >> 31)
+    round_keys(keys, seed, epoch & MASK64, stream)
     return keys

@@ -130,6 +130,9 @@ def _check_config(saved: Any, here: dict[str, Any], options: Any) -> None:
             raise ValueError(
                 f"state was saved with {key}={saved[key]!r}, but this stream has {key}={old!r}"
             )
+    for key in sorted(saved.keys() - here.keys()):
+        # A mixture's keys, say, in the state of a stream over a plain corpus.
+        raise ValueError(f"state was saved with {key}={saved[key]!r}, which this stream lacks")
     for key, value_here in here.items():
         if key not in saved:
             raise ValueError(f"state['config'] is missing {key!r}")

@@ -346,6 +346,7 @@ TARGETS = ("next", "shifted")
 PERMUTATIONS = ("materialized", "implicit")
 WINDOW_POLICIES = ("cross", "within")
 DOCUMENT_EXTRAS = ("position_ids", "loss_mask", "cu_seqlens")
+MIXTURE_EXTRAS = ("source",)
 
 
 @dataclass(frozen=True)
@@ -374,6 +375,7 @@ class StreamOptions:
     eos: int | None = None
     windows: str = "cross"
     extras: tuple[str, ...] = ()
+    samples: int | None = None
 
     @classmethod
     def create(
@@ -381,11 +383,14 @@ class StreamOptions:
         block: Any,
         batch_size: Any,
         allowed_extras: tuple[str, ...] = DOCUMENT_EXTRAS,
+        mixture: bool = False,
         **options: Any,
     ) -> StreamOptions:
         """Validate ``block``, ``batch_size`` and the keyword ``options`` (unknown ones: TypeError).
 
-        ``allowed_extras`` are the ``extras`` names the token source can give.
+        ``allowed_extras`` are the ``extras`` names the token source can give; ``mixture`` says
+        the source is a :func:`tokstream.mix` mixture, which also gives ``MIXTURE_EXTRAS``,
+        takes ``samples`` and shuffles only with the implicit permutation.
 
         The reference generator's controls are checked first and in its order, so a call both
         paths accept or reject raises the same exception type.
@@ -406,14 +411,24 @@ class StreamOptions:
         stride = positive_int(values["stride"], "stride")
         eos = None if values["eos"] is None else exact_int(values["eos"], "eos")
         windows = choice(values["windows"], "windows", WINDOW_POLICIES)
-        extras = names_from(values["extras"], "extras", allowed_extras)
+        extras = names_from(values["extras"], "extras", allowed_extras + MIXTURE_EXTRAS)
+        samples = None if values["samples"] is None else positive_int(values["samples"], "samples")
+        needs_mixture = {"samples": samples is not None, "extras 'source'": "source" in extras}
+        for what, given in needs_mixture.items():
+            if given and not mixture:
+                raise ValueError(f"{what} needs a tokstream.mix() mixture as token_ids")
         permutation = values["permutation"]
         if permutation is None:
             # The reference generator's order wherever its windows are the ones streamed; an
             # order with no O(windows) array everywhere else.
             reference_windows = stride == 1 and eos is None and windows == "cross"
-            permutation = "materialized" if reference_windows else "implicit"
+            permutation = "materialized" if reference_windows and not mixture else "implicit"
         permutation = choice(permutation, "permutation", PERMUTATIONS)
+        if mixture and permutation == "materialized":
+            raise ValueError(
+                "permutation='materialized' is not available for a mixture: its sources are "
+                "shuffled by the implicit permutation (permutation='implicit' or None)"
+            )
         prefetch = nonnegative_int(values["prefetch"], "prefetch")
         reuse_buffers = nonnegative_int(values["reuse_buffers"], "reuse_buffers")
         if reuse_buffers and prefetch and reuse_buffers < prefetch + 2:
@@ -439,6 +454,7 @@ class StreamOptions:
             eos=eos,
             windows=windows,
             extras=extras,
+            samples=samples,
         )
 
     @property

@@ -23,3 +23,23 @@ def permuted_positions(
     high_size: int,  # int64_t
     keys: npt.NDArray[np.uint64],  # const uint64_t[::1]
 ) -> None: ...
+def round_keys(
+    keys: npt.NDArray[np.uint64],  # uint64_t[::1]
+    seed: int,  # uint64_t
+    epoch: int,  # uint64_t
+    stream: int = ...,  # uint64_t
+) -> None: ...
+def mixture_windows(
+    windows: npt.NDArray[np.int64],  # int64_t[::1]
+    first: int,  # int64_t
+    step: int,  # int64_t
+    root: int,  # int64_t
+    nodes: npt.NDArray[np.int64],  # const int64_t[:, ::1], (nodes, 4): p, q, left, right
+    node_divisors: npt.NDArray[np.uint64],  # const uint64_t[:, ::1], (nodes, 4)
+    sources: npt.NDArray[np.int64],  # const int64_t[:, ::1], (sources, 5)
+    count_divisors: npt.NDArray[np.uint64],  # const uint64_t[::1], (sources,)
+    seed: int,  # uint64_t
+    shuffle: bool,  # bint
+    keys: npt.NDArray[np.uint64],  # uint64_t[:, ::1], (sources, rounds), scratch
+    key_epochs: npt.NDArray[np.int64],  # int64_t[::1], (sources,), scratch
+) -> None: ...

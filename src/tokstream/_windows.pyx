@@ -114,7 +114,7 @@ cdef inline uint64_t _mix64(uint64_t z) noexcept nogil:
 
 
 cdef inline uint64_t _encrypt(
-    uint64_t x, const uint64_t[::1] keys, int low_bits, uint64_t high_size
+    uint64_t x, const uint64_t *keys, Py_ssize_t rounds, int low_bits, uint64_t high_size
 ) noexcept nogil:
     # x = high * 2**low_bits + low, with low < 2**low_bits and high < high_size. Round r adds
     # a keyed hash of one half to the other half, modulo that half's size: (low, high) ->
@@ -124,7 +124,7 @@ cdef inline uint64_t _encrypt(
     cdef uint64_t low = x & low_mask
     cdef uint64_t high = x >> low_bits
     cdef Py_ssize_t r
-    for r in range(keys.shape[0]):
+    for r in range(rounds):
         if r % 2 == 0:
             low = (low + _mix64(high ^ keys[r])) & low_mask
         else:
@@ -153,11 +153,128 @@ def permuted_positions(
     bijection. The caller guarantees ``high_size << low_bits >= n``, ``low_bits <= 32``,
     ``high_size <= 2**32``, an even number of keys and every input position in ``[0, n)``.
     """
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, rounds = keys.shape[0]
     cdef uint64_t value, bound = <uint64_t>n, size = <uint64_t>high_size
+    cdef const uint64_t *key = &keys[0] if rounds > 0 else NULL
     with nogil:
         for i in range(out.shape[0]):
-            value = _encrypt(<uint64_t>(first + stride * i), keys, low_bits, size)
+            value = _encrypt(<uint64_t>(first + stride * i), key, rounds, low_bits, size)
             while value >= bound:
-                value = _encrypt(value, keys, low_bits, size)
+                value = _encrypt(value, key, rounds, low_bits, size)
             out[i] = <int64_t>value
+
+
+cdef inline void _round_keys(
+    uint64_t seed, uint64_t stream, uint64_t epoch, uint64_t *keys, Py_ssize_t rounds
+) noexcept nogil:
+    # splitmix64 from a state that mixes seed, stream and epoch; stream 0 is a single corpus.
+    cdef uint64_t state = (
+        seed * <uint64_t>0x9E3779B97F4A7C15
+        + epoch * <uint64_t>0xD1B54A32D192ED03
+        + stream * <uint64_t>0x8CB92BA72F3D8DD7
+    )
+    cdef Py_ssize_t r
+    for r in range(rounds):
+        state += <uint64_t>0x9E3779B97F4A7C15
+        keys[r] = _mix64(state)
+
+
+def round_keys(uint64_t[::1] keys, uint64_t seed, uint64_t epoch, uint64_t stream=0):
+    """Fill ``keys`` with the round keys of the implicit permutation of ``epoch``.
+
+    ``stream`` tells apart permutations that share a seed and an epoch: 0 for a single corpus,
+    ``s + 1`` for source ``s`` of a mixture.
+    """
+    cdef Py_ssize_t rounds = keys.shape[0]
+    if rounds > 0:
+        _round_keys(seed, stream, epoch, &keys[0], rounds)
+
+
+# ---------------------------------------------------------------------------------------------
+# Weighted mixture: the source of each sample, and which of that source's windows it is
+
+
+cdef inline uint64_t _divide(uint64_t n, uint64_t magic, uint64_t shift) noexcept nogil:
+    # floor(n / d) for n < 2**63 without a division instruction: magic = ceil(2**(63 + l) / d)
+    # with l = ceil(log2(d)) >= 1 and shift = l - 1 (Granlund and Montgomery 1994, theorem 4.2
+    # with N = 63); magic 0 stands for d = 1.
+    if magic == 0:
+        return n
+    return tokstream_mulhi64(n, magic) >> shift
+
+
+def mixture_windows(
+    int64_t[::1] windows,
+    int64_t first,
+    int64_t step,
+    int64_t root,
+    const int64_t[:, ::1] nodes,
+    const uint64_t[:, ::1] node_divisors,
+    const int64_t[:, ::1] sources,
+    const uint64_t[::1] count_divisors,
+    uint64_t seed,
+    bint shuffle,
+    uint64_t[:, ::1] keys,
+    int64_t[::1] key_epochs,
+):
+    """Write the global window index of mixture sample ``first + step * i`` to ``windows[i]``.
+
+    The schedule is a binary tree: internal node ``v`` is ``nodes[v] = (p, q, left, right)``
+    and sends its local sample ``k`` to ``left`` iff ``c(k + 1) > c(k)``, where ``c(k) =
+    floor((2 k p + q) / (2 q))`` (``k p / q`` rounded half up) counts the node's first ``k``
+    samples sent left; the sample is then local sample ``c(k)`` of ``left``, else ``k - c(k)``
+    of ``right``. A child ``< 0`` is the leaf of source ``-1 - child``; ``root`` may be one (a
+    single source). ``node_divisors[v]`` is ``(magic, shift)`` of ``q`` then of ``2 q``.
+
+    Source ``s`` is ``sources[s] = (first window, n_s windows, low_bits, high_size, count
+    shift)`` with ``count_divisors[s]`` the magic of ``n_s``: its local sample ``j`` is
+    position ``j mod n_s`` of its epoch ``j div n_s``; shuffled, the position goes through the
+    implicit permutation of that epoch keyed by ``(seed, stream s + 1)``. ``keys[s]`` caches the
+    round keys of epoch ``key_epochs[s]`` (-1: none yet): scratch the caller owns, updated here.
+
+    The caller guarantees every sample index below ``2**63``; for every node ``0 <= p < q <
+    2**31`` and children that are nodes or leaves of valid sources; ``n_s >= 1`` and each
+    source's domain as :func:`permuted_positions` requires; ``keys`` of shape ``(sources, even
+    rounds)`` and ``key_epochs`` of ``(sources,)``.
+    """
+    cdef Py_ssize_t i, rounds = keys.shape[1]
+    cdef int64_t node, source
+    cdef uint64_t k, m, p, q, t, c, count, epoch, position
+    with nogil:
+        for i in range(windows.shape[0]):
+            k = <uint64_t>(first + step * i)
+            node = root
+            while node >= 0:
+                # Every product stays below 2**63: r p < q**2 < 2**62 and m q <= k.
+                p = <uint64_t>nodes[node, 0]
+                q = <uint64_t>nodes[node, 1]
+                m = _divide(k, node_divisors[node, 0], node_divisors[node, 1])
+                t = 2 * (k - m * q) * p + q
+                c = _divide(t, node_divisors[node, 2], node_divisors[node, 3])
+                # t - 2 q c is the remainder of 2 k p + q modulo 2 q: c(k + 1) = c(k) + 1 iff
+                # adding 2 p carries past it.
+                if t - 2 * q * c + 2 * p >= 2 * q:
+                    k = m * p + c
+                    node = nodes[node, 2]
+                else:
+                    k = k - m * p - c
+                    node = nodes[node, 3]
+            # A leaf is a valid source index, by the caller's tree.
+            source = -1 - node
+            count = <uint64_t>sources[source, 1]
+            epoch = _divide(k, count_divisors[source], <uint64_t>sources[source, 4])
+            position = k - epoch * count
+            if shuffle:
+                if key_epochs[source] != <int64_t>epoch:
+                    _round_keys(seed, <uint64_t>source + 1, epoch, &keys[source, 0], rounds)
+                    key_epochs[source] = <int64_t>epoch
+                position = _encrypt(
+                    position, &keys[source, 0], rounds, <int>sources[source, 2],
+                    <uint64_t>sources[source, 3],
+                )
+                while position >= count:
+                    position = _encrypt(
+                        position, &keys[source, 0], rounds, <int>sources[source, 2],
+                        <uint64_t>sources[source, 3],
+                    )
+            windows[i] = sources[source, 0] + <int64_t>position

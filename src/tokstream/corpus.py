@@ -212,6 +212,15 @@ class Corpus:
         """Each shard's first token in the shards laid end to end (read-only int64)."""
         return self._document_boundaries[self._shard_first_document]
 
+    def shard_documents(self, shard: int) -> np.ndarray | None:
+        """Shard ``shard``'s recorded document boundaries, from 0 to its length (None: none)."""
+        if not self._has_documents:
+            return None
+        starts, firsts = self._document_boundaries, self._shard_first_document
+        last = firsts[shard + 1] if shard + 1 < firsts.shape[0] else starts.shape[0] - 1
+        # A shard's first document starts at the shard's first token.
+        return np.append(starts[firsts[shard] : last] - starts[firsts[shard]], self._lengths[shard])
+
     def boundaries_with_eos(self, eos: int) -> np.ndarray:
         """:attr:`document_boundaries` plus a boundary after every token equal to ``eos``.
 

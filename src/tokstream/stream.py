@@ -23,6 +23,7 @@ from tokstream._order import WindowOrder
 from tokstream._state import Cursor
 from tokstream._validate import StreamOptions, stream_signature
 from tokstream.corpus import Corpus, WindowGather
+from tokstream.mixture import Mixture, MixtureOrder, stream_source
 from tokstream.prefetch import Prefetcher
 from tokstream.readahead import ReadAhead
 
@@ -49,24 +50,27 @@ class TokenStream(Iterator[Batch]):
     """
 
     def __init__(self, token_ids: Any, block: Any, batch_size: Any, **options: Any) -> None:
-        corpus = Corpus.from_tokens(token_ids)
-        self._setup(corpus, StreamOptions.create(block, batch_size, **options))
+        self._setup(*stream_source(token_ids, block, batch_size, **options))
 
     __init__.__signature__ = stream_signature("self", "token_ids")  # type: ignore[attr-defined]
 
     @classmethod
-    def _over(cls, corpus: Corpus, options: StreamOptions) -> TokenStream:
-        """A stream over an already validated corpus and options."""
+    def _over(cls, source: Corpus | Mixture, options: StreamOptions) -> TokenStream:
+        """A stream over an already validated corpus (or mixture) and options."""
         stream = cls.__new__(cls)
-        stream._setup(corpus, options)
+        stream._setup(source, options)
         return stream
 
-    def _setup(self, corpus: Corpus, options: StreamOptions) -> None:
+    def _setup(self, source: Corpus | Mixture, options: StreamOptions) -> None:
+        corpus = source.corpus if isinstance(source, Mixture) else source
         self._corpus = corpus
         self._options = options
         self._gather = _window_space(corpus, options)
         corpus.advise(options.shuffle)
-        self._order = WindowOrder(self._gather.num_windows, options)
+        if isinstance(source, Mixture):
+            self._order: WindowOrder = MixtureOrder(source, self._gather, options)
+        else:
+            self._order = WindowOrder(self._gather.num_windows, options)
         # Random windows of a memory-mapped corpus are read ahead; sequential ones are left to
         # the OS's own read-ahead (MADV_SEQUENTIAL), arrays in RAM need none.
         self._readahead = (
@@ -74,7 +78,7 @@ class TokenStream(Iterator[Batch]):
             if options.shuffle and _advice.AVAILABLE and next(corpus.memory_maps(), None)
             else None
         )
-        self._config = _state.config(corpus, options)
+        self._config = {**_state.config(corpus, options), **self._order.fingerprint()}
         self._lock = threading.Lock()
         self._closed = False
         self._cursor = self._order.first_cursor()
@@ -172,7 +176,7 @@ class TokenStream(Iterator[Batch]):
                 _batch.rows_of(self._ring_slot(), count) if options.reuse_buffers
                 else _batch.new_buffers(options, count)
             )
-            _batch.fill(self._gather, windows_index, buffers)
+            _batch.fill(self._gather, windows_index, buffers, order.source_offsets)
             batch = _batch.assemble(buffers, options.extras)
         else:
             # The plain batch, without the buffer bookkeeping: this is the per-batch fixed cost

@@ -50,8 +50,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
     ) from exc
 
 from tokstream import _validate
-from tokstream._validate import StreamOptions, stream_signature
-from tokstream.corpus import Corpus
+from tokstream._validate import stream_signature
+from tokstream.mixture import stream_source
 from tokstream.stream import TokenStream
 
 __all__ = ["TokenDataset"]
@@ -87,14 +87,14 @@ class TokenDataset(IterableDataset):
         **options: Any,
     ) -> None:
         super().__init__()
-        self.corpus = Corpus.from_tokens(token_ids)
         rank, world_size = _distributed_share(rank, world_size)
         # Every argument is checked now, once; workers derive their share from these options.
         # No parity with the reference generator is at stake here: the default order needs no
         # O(windows) array in the main process or in any DataLoader worker.
         options.setdefault("permutation", "implicit")
-        self.options = StreamOptions.create(
-            block, batch_size, rank=rank, world_size=world_size, **options
+        # A corpus of token_ids, or a tokstream.mix() mixture.
+        self.corpus, self.options = stream_source(
+            token_ids, block, batch_size, rank=rank, world_size=world_size, **options
         )
         self.rank, self.world_size = self.options.rank, self.options.world_size
         self.num_workers = (

@@ -1,0 +1,291 @@
+"""Weighted mixtures of corpora: exact shares, exact resume, no index.
+
+:func:`mix` makes a :class:`Mixture` of named sources with weights, which every stream entry
+point takes as ``token_ids``. The stream then draws global sample ``k = epoch * N + position``
+(``N`` samples per epoch: the sources' windows together, or ``samples=``) from source ``s(k)``,
+as its local sample ``j`` (the number of earlier samples of ``s``), which is position ``j mod
+n_s`` of that source's epoch ``j div n_s``: each source-epoch is a fresh implicit permutation of
+the source's ``n_s`` windows, keyed by seed, source and source epoch. Small sources repeat,
+large ones are partly seen.
+
+The schedule ``k -> (s, j)`` is a binary tree over the sources, built like a Huffman code (the
+two lightest groups merged first). Node ``v`` with weight ``q`` and left weight ``p`` sends its
+local sample ``k`` left iff ``round((k + 1) p / q) > round(k p / q)`` (halves up): a Beatty
+sequence, so after ``k`` samples the left side has had ``round(k p / q)``, within 1/2 of its
+share. Errors add up along a source's path scaled by the source's fraction of each node, and a
+Huffman tree at least doubles its weight every two levels up, so in every prefix of ``k``
+samples each source's count is within 2 of ``w_s * k``, computed per sample in O(depth) integer
+operations with no division, never from an index as long as the run. The global sequence does
+not depend on the world size: rank ``r`` takes positions ``r, r + W, ...`` as for one corpus.
+
+Weights are read exactly: an int as itself, a float as the decimal it prints as (``0.7`` is
+7/10). Reduced to integers over their sum, they are the schedule's exact shares when that sum
+is at most ``2**30``; otherwise each is rounded to a multiple of ``2**-30`` of the total (never
+to zero). Every ``sum`` samples each source then gets exactly its integer weight.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from tokstream._order import FEISTEL_ROUNDS, WindowOrder, implicit_domain
+from tokstream._state import Cursor
+from tokstream._validate import INT64_MAX, StreamOptions
+from tokstream._windows import mixture_windows
+from tokstream.corpus import Corpus, WindowGather
+
+#: The integer weights of a schedule sum to at most this (plus one per source): the kernel's
+#: products stay below ``2**63``.
+WEIGHT_TOTAL = 1 << 30
+
+__all__ = ["Mixture", "mix"]
+
+
+class Mixture:
+    """Named token sources and their weights, to be streamed as one (see :func:`mix`).
+
+    ``sources`` maps each name (in the order given) to its :class:`~tokstream.Corpus`;
+    ``weights`` maps it to its share of the samples (floats summing to 1), ``integer_weights``
+    to the exact integers the schedule uses. ``corpus`` holds every source's shards in that
+    order, documents kept: the stream reads windows out of it.
+    """
+
+    def __init__(self, sources: dict[str, Corpus], integer_weights: Sequence[int]) -> None:
+        self.sources = dict(sources)
+        self.names = tuple(sources)
+        self.integer_weights = tuple(integer_weights)
+        total = sum(self.integer_weights)
+        self.weights = {n: w / total for n, w in zip(self.names, self.integer_weights, strict=True)}
+        self.root, self.nodes = schedule_tree(self.integer_weights)
+        arrays, shard_names, documents = [], [], []
+        for name, corpus in self.sources.items():
+            for j, shard in enumerate(corpus.shards):
+                arrays.append(shard)
+                shard_names.append(_label(name, j if len(corpus.shards) > 1 else None))
+                documents.append(corpus.shard_documents(j))
+        self.corpus = Corpus._from_arrays(arrays, shard_names, "sources", documents)
+
+    def num_windows(self, block: int, stride: int = 1) -> int:
+        """Windows of all sources together (one epoch of samples, unless ``samples=``)."""
+        return self.corpus.num_windows(block, stride)
+
+    def __repr__(self) -> str:
+        shares = ", ".join(f"{n}={w:.4g}" for n, w in self.weights.items())
+        return f"Mixture({shares}; tokens={self.corpus.num_tokens}, dtype={self.corpus.dtype})"
+
+
+def mix(sources: Mapping[str, Any], weights: Mapping[str, Any]) -> Mixture:
+    """A weighted mixture of token sources, for ``token_ids`` of any stream entry point.
+
+    Parameters
+    ----------
+    sources
+        A dict name -> anything :func:`tokstream.stream_token_source` takes as ``token_ids``
+        (an array, a :class:`~tokstream.Corpus`, an :func:`~tokstream.open_tokens` result,
+        with its documents). The dict's order numbers the sources (the ``"source"`` extra).
+    weights
+        A dict name -> a positive finite number, for every source; normalised to shares.
+
+    Raises
+    ------
+    TypeError
+        ``sources`` or ``weights`` is not a dict, a name is not a str, a source is not token
+        ids (or is itself a mixture), a weight is not a number.
+    ValueError
+        No sources; names of ``weights`` that do not match ``sources``; a weight that is not
+        positive and finite; a source without tokens; sources of different token dtypes.
+        Every message names the source.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from tokstream import mix
+    >>> mixture = mix({"a": np.arange(100), "b": np.arange(50)}, weights={"a": 3, "b": 1})
+    >>> mixture.weights
+    {'a': 0.75, 'b': 0.25}
+    """
+    for value, what in ((sources, "sources"), (weights, "weights")):
+        if not isinstance(value, Mapping):
+            raise TypeError(f"{what} must be a dict of name -> ..., got {type(value).__name__}")
+    if not sources:
+        raise ValueError("sources must name at least one token source")
+    corpora: dict[str, Corpus] = {}
+    for name, tokens in sources.items():
+        if not isinstance(name, str):
+            raise TypeError(f"source names must be str, got {name!r} ({type(name).__name__})")
+        if isinstance(tokens, Mixture):
+            raise TypeError(
+                f"{_label(name)} is a mixture; give its sources to one mix() with their weights"
+            )
+        corpora[name] = Corpus.from_tokens(tokens, _label(name))
+        if corpora[name].num_tokens == 0:
+            raise ValueError(f"{_label(name)} holds no tokens")
+    for name in weights:
+        if name not in corpora:
+            raise ValueError(f"weights[{name!r}] names no source; the sources are {list(corpora)}")
+    missing = [name for name in corpora if name not in weights]
+    if missing:
+        raise ValueError(f"weights has no weight for source {missing[0]!r}")
+    exact = [exact_weight(weights[name], f"weights[{name!r}]") for name in corpora]
+    return Mixture(corpora, integer_weights(exact))
+
+
+def exact_weight(value: Any, name: str) -> Fraction:
+    """A positive finite weight as an exact fraction: an int as itself, a float as it prints."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if isinstance(value, numbers.Rational):
+        weight = Fraction(int(value.numerator), int(value.denominator))
+    else:
+        as_float = float(value)
+        if not math.isfinite(as_float):
+            raise ValueError(f"{name} must be finite, got {value!r}")
+        weight = Fraction(repr(as_float))
+    if weight <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return weight
+
+
+def integer_weights(weights: Sequence[Fraction]) -> tuple[int, ...]:
+    """The smallest integers in the ratio of ``weights``, rounded when they sum past 2**30."""
+    scale = math.lcm(*(w.denominator for w in weights))
+    integers = [int(w * scale) for w in weights]
+    total = sum(integers)
+    if total > WEIGHT_TOTAL:
+        # Rounded half up to a multiple of 1/WEIGHT_TOTAL of the total, and never to zero.
+        integers = [max(1, (2 * w * WEIGHT_TOTAL + total) // (2 * total)) for w in integers]
+    common = math.gcd(*integers)
+    return tuple(w // common for w in integers)
+
+
+def schedule_tree(weights: Sequence[int]) -> tuple[int, np.ndarray]:
+    """``(root, nodes)``: the schedule's binary tree over sources of integer ``weights``.
+
+    Built as a Huffman code: the two lightest groups (the earlier on a tie) become the left
+    and right child of a new node, until one group is left. ``nodes[v] = (p, q, left, right)``
+    with ``q`` the node's weight and ``p`` its left child's; a child ``< 0`` is the leaf of
+    source ``-1 - child``. With one source the root is its leaf and there are no nodes.
+    """
+    heap = [(weight, order, -1 - order) for order, weight in enumerate(weights)]
+    heapq.heapify(heap)
+    nodes: list[tuple[int, int, int, int]] = []
+    while len(heap) > 1:
+        left_weight, _, left = heapq.heappop(heap)
+        right_weight, _, right = heapq.heappop(heap)
+        nodes.append((left_weight, left_weight + right_weight, left, right))
+        heapq.heappush(
+            heap, (left_weight + right_weight, len(weights) + len(nodes), len(nodes) - 1)
+        )
+    return heap[0][2], np.array(nodes, dtype=np.int64).reshape(-1, 4)
+
+
+def divisor(d: int) -> tuple[int, int]:
+    """``(magic, shift)`` with ``n // d == mulhi64(n, magic) >> shift`` for ``0 <= n < 2**63``.
+
+    ``magic = ceil(2**(63 + l) / d)`` with ``l = ceil(log2(d))``, which is below ``2**64``;
+    ``d = 1`` is ``(0, 0)``, which the kernel reads as the identity.
+    """
+    if d == 1:
+        return 0, 0
+    bits = (d - 1).bit_length()
+    return -(-(1 << (63 + bits)) // d), bits - 1
+
+
+class MixtureOrder(WindowOrder):
+    """The window indices of every batch of a stream over a :class:`Mixture`.
+
+    A :class:`~tokstream._order.WindowOrder` over the ``N`` samples of each epoch (ranks,
+    epoch tail and cursors as for one corpus), whose position ``p`` of epoch ``e`` is global
+    sample ``e * N + p``, mapped to a window of the combined corpus by the compiled schedule.
+    Pure in the cursor: nothing about earlier batches is kept beyond a cache of round keys.
+    """
+
+    def __init__(self, mixture: Mixture, gather: WindowGather, options: StreamOptions) -> None:
+        # A source's first window is the first of the first segment starting in the source.
+        segment_starts = gather.token_starts(gather.offsets[:-1])
+        source_tokens = np.cumsum([0] + [c.num_tokens for c in mixture.sources.values()])
+        first_windows = gather.offsets[np.searchsorted(segment_starts, source_tokens[:-1])]
+        offsets = np.append(first_windows, gather.num_windows)
+        counts = np.diff(offsets)
+        for name, count in zip(mixture.names, counts, strict=True):
+            if count == 0:
+                inside = " inside one document" if options.windows == "within" else ""
+                raise ValueError(
+                    f"{_label(name)} holds no window of block + 1 = {options.block + 1} "
+                    f"tokens{inside}, so it cannot give its share of the samples"
+                )
+        samples = int(counts.sum()) if options.samples is None else options.samples
+        if options.epochs * samples > INT64_MAX:
+            raise ValueError(
+                f"epochs * samples per epoch = {options.epochs} * {samples} must stay below 2**63"
+            )
+        super().__init__(samples, options)
+        offsets.setflags(write=False)
+        #: First window of each source in the combined corpus, then the window count.
+        self.source_offsets = offsets
+        self._mixture = mixture
+        self._nodes = mixture.nodes
+        self._node_divisors = np.array(
+            [(*divisor(q), *divisor(2 * q)) for q in mixture.nodes[:, 1].tolist()],
+            dtype=np.uint64,
+        ).reshape(-1, 4)
+        spaces, count_magic = [], []
+        for first, count in zip(first_windows.tolist(), counts.tolist(), strict=True):
+            magic, shift = divisor(count)
+            spaces.append((first, count, *implicit_domain(count), shift))
+            count_magic.append(magic)
+        self._sources = np.array(spaces, dtype=np.int64)
+        self._count_divisors = np.array(count_magic, dtype=np.uint64)
+        self._keys = np.zeros((len(spaces), FEISTEL_ROUNDS), dtype=np.uint64)
+        self._key_epochs = np.full(len(spaces), -1, dtype=np.int64)
+
+    def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
+        """Window indices of this rank's batch at ``cursor``: samples ``k + r + i W``."""
+        windows = np.empty(count, dtype=np.int64)
+        first = cursor.epoch * self.num_windows + cursor.position + self.options.rank
+        mixture_windows(
+            windows,
+            first,
+            self.options.world_size,
+            self._mixture.root,
+            self._nodes,
+            self._node_divisors,
+            self._sources,
+            self._count_divisors,
+            self.options.seed,
+            self.options.shuffle,
+            self._keys,
+            self._key_epochs,
+        )
+        return windows
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The sources' names, shards and integer weights, and the samples per epoch."""
+        mixture = self._mixture
+        return {
+            "mixture_sources": json.dumps(list(mixture.names)),
+            "mixture_shards": json.dumps([len(c.shards) for c in mixture.sources.values()]),
+            "mixture_weights": json.dumps(list(mixture.integer_weights)),
+            "samples": self.num_windows,
+        }
+
+
+def stream_source(
+    token_ids: Any, block: Any, batch_size: Any, **options: Any
+) -> tuple[Corpus | Mixture, StreamOptions]:
+    """The token source (a mixture, or a corpus of ``token_ids``) and the validated options."""
+    if isinstance(token_ids, Mixture):
+        return token_ids, StreamOptions.create(block, batch_size, mixture=True, **options)
+    return Corpus.from_tokens(token_ids), StreamOptions.create(block, batch_size, **options)
+
+
+def _label(name: str, shard: int | None = None) -> str:
+    return f"sources[{name!r}]" + ("" if shard is None else f"[{shard}]")
