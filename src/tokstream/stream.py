@@ -67,10 +67,10 @@ class TokenStream(Iterator[Batch]):
         self._options = options
         self._gather = _window_space(corpus, options)
         corpus.advise(options.shuffle)
-        if isinstance(source, Mixture):
-            self._order: WindowOrder = MixtureOrder(source, self._gather, options)
-        else:
-            self._order = WindowOrder(self._gather.num_windows, options)
+        self._order = (
+            MixtureOrder(source, self._gather, options) if isinstance(source, Mixture)
+            else WindowOrder(self._gather.num_windows, options)
+        )
         # Random windows of a memory-mapped corpus are read ahead; sequential ones are left to
         # the OS's own read-ahead (MADV_SEQUENTIAL), arrays in RAM need none.
         self._readahead = (
@@ -324,7 +324,8 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
     ----------
     token_ids
         A 1-D integer array (read in place, in its own dtype, when C-contiguous), an exact-integer
-        float array or sequence (converted once to int64), or a :class:`tokstream.Corpus`.
+        float array or sequence (converted once to int64), a :class:`tokstream.Corpus`, or a
+        :func:`tokstream.mix` mixture.
     block
         Context length: each window holds ``block`` tokens, followed by its target.
     batch_size
@@ -367,8 +368,10 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         ``"cross"`` (default): windows may span documents. ``"within"``: only windows whose
         ``block + 1`` tokens lie inside one document, at ``document_start + k * stride``.
     extras
-        Names from ``"position_ids"``, ``"loss_mask"``, ``"cu_seqlens"``: each batch is then a
-        dict with ``"input_ids"``, ``"labels"`` and the extras (see :mod:`tokstream._batch`).
+        ``"position_ids"``, ``"loss_mask"``, ``"cu_seqlens"``, ``"source"`` (a mixture's): each
+        batch is then a dict of ``"input_ids"``, ``"labels"`` and these (:mod:`tokstream._batch`).
+    samples
+        A mixture's samples per epoch (default: its sources' windows together).
 
     Returns
     -------
