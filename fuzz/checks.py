@@ -9,6 +9,7 @@ check returns a short name of its outcome, for the runner's tally.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import io
@@ -44,20 +45,26 @@ def build_stream(tokens: Any, kwargs: dict[str, Any]):
     return stream_token_source(source, **kwargs)
 
 
-def assert_batches_equal(got, expected, what: str) -> int:
-    """Compare batch by batch, as they arrive: with ``reuse_buffers`` a batch held on to is
-    overwritten later, so nothing is kept."""
+def assert_batches_equal(got, expected, what: str, held: int = 1) -> int:
+    """Compare batch by batch, as they arrive, and hold on to the last ``held``: with
+    ``reuse_buffers=k`` a batch must stay intact until the caller has received ``k`` more (so
+    each of the last ``k`` is checked again at every step), and may be overwritten after."""
     missing = object()
     count = 0
+    holding: collections.deque = collections.deque(maxlen=max(held, 1))
     for i, (batch, want_batch) in enumerate(
         itertools.zip_longest(got, expected, fillvalue=missing)
     ):
         assert batch is not missing, f"{what}: {i} batches, expected more"
         assert want_batch is not missing, f"{what}: more than the {i} batches expected"
-        for array, want in zip(batch, want_batch, strict=True):
-            assert array.dtype == np.int64 and array.flags.c_contiguous, f"{what} batch {i}"
-            assert array.shape == want.shape, f"{what} batch {i}: {array.shape} != {want.shape}"
-            assert np.array_equal(array, want), f"{what} batch {i} differs"
+        holding.append((i, batch, want_batch))
+        for j, held_batch, held_want in holding:
+            for array, want in zip(held_batch, held_want, strict=True):
+                assert array.dtype == np.int64 and array.flags.c_contiguous, f"{what} batch {j}"
+                assert array.shape == want.shape, (
+                    f"{what} batch {j}: {array.shape} != {want.shape}"
+                )
+                assert np.array_equal(array, want), f"{what} batch {j} differs at batch {i}"
         count += 1
     return count
 
@@ -104,9 +111,8 @@ def check_stream(stream, shards, controls) -> None:
         if count <= sys.maxsize:
             assert len(stream) == count, f"len {len(stream)} != {count}"
         head = itertools.islice(stream, MAX_BATCHES)
-        assert_batches_equal(
-            head, itertools.islice(model_batches(shards, controls), MAX_BATCHES), "stream"
-        )
+        expected = itertools.islice(model_batches(shards, controls), MAX_BATCHES)
+        assert_batches_equal(head, expected, "stream", held=controls["reuse_buffers"])
     finally:
         stream.close()
     assert_no_prefetch_thread()

@@ -173,10 +173,9 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
     )
     # A background thread assembling batches ahead changes nothing about them.
     controls["prefetch"] = model_ranged(args["prefetch"], "prefetch", 0)
-    # Nor does a ring of reused buffers, but for when a batch is overwritten.
+    # Nor does a ring of reused buffers, but for when a batch is overwritten: never before the
+    # caller has received reuse_buffers more, whatever prefetch is (checked by the runner).
     controls["reuse_buffers"] = model_ranged(args["reuse_buffers"], "reuse_buffers", 0)
-    if 0 < controls["reuse_buffers"] < controls["prefetch"] + 2 and controls["prefetch"]:
-        raise Rejected(ValueError, "reuse_buffers")
     return shards, controls
 
 

@@ -23,6 +23,7 @@ from tests.oracle_documents import (
     materialized_orders,
 )
 from tokstream import Corpus, open_tokens, reference, stream_token_source
+from tokstream._documents import document_pieces
 
 
 def test_from_documents_joins_the_documents_and_records_their_boundaries():
@@ -423,3 +424,16 @@ def test_an_empty_document_does_not_hide_the_next_documents_start():
     assert batch["position_ids"].tolist() == [[0, 1, 2, 0], [0, 0, 0, 1]]
     assert batch["cu_seqlens"].tolist() == [0, 3, 4, 5, 6, 8]
     assert batch["loss_mask"].tolist() == [False, True]
+
+
+def test_document_pieces_counts_every_piece_and_never_writes_past_its_buffer():
+    positions = np.array([[0, 1, 0, 1], [0, 0, 1, 2]], np.int64)
+    assert document_pieces(positions, np.empty(0, np.int32)) == 4
+    guarded = np.full(6, -1, np.int32)
+    assert document_pieces(positions, guarded[:3]) == 4
+    assert guarded.tolist() == [0, 2, 4, -1, -1, -1]
+    starts = np.empty(4, np.int32)
+    assert document_pieces(positions, starts) == 4 and starts.tolist() == [0, 2, 4, 5]
+    # Values a caller scribbled over a reused buffer: wrong pieces, never a bad access.
+    scribbled = np.random.default_rng(0).integers(-(2**40), 2**40, (9, 33))
+    assert document_pieces(scribbled, np.empty(3, np.int32)) >= 9

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import pickle
 import subprocess
 import sys
 import tracemalloc
@@ -591,6 +592,33 @@ def test_thousands_of_shards_open_and_stream_under_ulimit_n_1024_holding_no_desc
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [str(shards), "0", str(expected_windows), str(shards)]
+
+
+def test_a_pickled_file_corpus_carries_file_names_and_maps_them_again(tmp_path):
+    paths = [write_tokens(tmp_path / f"s{j}.npy", np.arange(200_000) % (j + 7)) for j in range(3)]
+    in_ram = np.arange(50, dtype=np.uint16)
+    corpus = open_tokens(paths)
+    data = pickle.dumps(corpus)
+    assert len(data) < 4000  # the tokens alone are 1.2 MB
+    again = pickle.loads(data)
+    assert [file_map_of(shard).path for shard in again.shards] == [str(p) for p in paths]
+    assert all(not a.flags.writeable for a in (*again.shards, again.lengths))
+    assert_same_batches(
+        batches(stream_token_source(again, 6, 64, seed=1)),
+        batches(stream_token_source(corpus, 6, 64, seed=1)),
+    )
+    mixed = pickle.loads(pickle.dumps(Corpus([in_ram, in_ram[:10]])))
+    assert [s.tolist() for s in mixed.shards] == [in_ram.tolist(), in_ram[:10].tolist()]
+    assert all(not a.flags.writeable for a in (*mixed.shards, mixed.lengths))
+
+
+def test_a_pickled_file_corpus_whose_file_was_replaced_is_refused_naming_it(tmp_path):
+    path = write_tokens(tmp_path / "t.npy", np.arange(100))
+    data = pickle.dumps(open_tokens(path))
+    write_tokens(path, np.arange(100, 200))
+    with pytest.raises(ValueError, match="no longer the file that was opened") as raised:
+        pickle.loads(data)
+    assert str(path) in str(raised.value)
 
 
 def test_a_mapped_file_stays_readable_after_its_name_is_gone(tmp_path):

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import gc
+import itertools
+import os
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -134,10 +138,11 @@ def test_threads_sharing_a_prefetching_stream_get_disjoint_batches():
 @pytest.mark.parametrize("targets", ["next", "shifted"])
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_reused_buffers_cycle_and_hold_the_right_batch_when_received(targets, prefetch):
-    ring = 4 if prefetch == 0 else prefetch + 2
+    reuse = 4
+    ring = reuse + (prefetch + 1 if prefetch else 0)  # the held batches and those ahead
     kwargs = {"epochs": 2, "seed": 1, "targets": targets}
     expected = batches_of(stream_token_source(IDS, 8, 64, **kwargs))
-    stream = stream_token_source(IDS, 8, 64, reuse_buffers=ring, prefetch=prefetch, **kwargs)
+    stream = stream_token_source(IDS, 8, 64, reuse_buffers=reuse, prefetch=prefetch, **kwargs)
     received = []
     for i, (windows, next_tokens) in enumerate(stream):
         assert (windows.tolist(), next_tokens.tolist()) == expected[i]
@@ -164,9 +169,183 @@ def test_reused_partial_last_batch_is_a_contiguous_view():
         ({"prefetch": 1.5}, ValueError, "prefetch"),
         ({"reuse_buffers": -2}, ValueError, "reuse_buffers"),
         ({"reuse_buffers": "4"}, TypeError, "reuse_buffers"),
-        ({"reuse_buffers": 3, "prefetch": 2}, ValueError, "reuse_buffers"),
     ],
 )
 def test_bad_prefetch_and_buffer_options_raise_at_call_time(kwargs, error, named):
     with pytest.raises(error, match=named):
         stream_token_source(IDS, 8, 16, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Holding batches, interrupts, forks and restarts
+
+
+def call_within(fn, seconds: float = 20.0):
+    """``fn()``'s result, or a test failure if it has not returned in ``seconds`` (no hang)."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = fn()
+        except BaseException as error:  # re-raised in the test's thread
+            outcome["error"] = error
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(seconds)
+    assert not runner.is_alive(), f"{fn} did not return in {seconds} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2, 5])
+@pytest.mark.parametrize("reuse", [1, 2, 4])
+def test_a_reused_batch_stays_intact_until_the_caller_has_received_k_more(reuse, prefetch):
+    kwargs = {"epochs": 2, "seed": 3, "targets": "shifted"}
+    expected = batches_of(stream_token_source(IDS, 8, 32, **kwargs))
+    stream = stream_token_source(IDS, 8, 32, reuse_buffers=reuse, prefetch=prefetch, **kwargs)
+    held = collections.deque(maxlen=reuse)  # this batch and the reuse - 1 before it
+    for i, (windows, targets) in enumerate(stream):
+        held.append((i, windows, targets))
+        if i < 40:
+            time.sleep(0.002)  # let the thread run as far ahead as it may
+        for j, w, t in held:
+            assert (w.tolist(), t.tolist()) == expected[j], f"batch {j} changed at batch {i}"
+    assert i == len(expected) - 1
+
+
+def interrupt_prefetch_thread_starts(monkeypatch, times: int = 1) -> None:
+    """Make the next ``times`` prefetch thread starts raise KeyboardInterrupt once started, as
+    a Ctrl-C landing in ``Thread.start`` (while it waits for the new thread) does."""
+    real_start = threading.Thread.start
+    left = {"n": times}
+
+    def start(thread):
+        real_start(thread)
+        if thread.name == "tokstream-prefetch" and left["n"] > 0:
+            left["n"] -= 1
+            time.sleep(0.05)  # the new thread is running: it must not produce anything
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+
+def test_ctrl_c_inside_the_prefetch_threads_start_orphans_nothing_and_skips_nothing(monkeypatch):
+    expected = batches_of(stream_token_source(IDS, 8, 64, epochs=2, seed=4))
+    stream = stream_token_source(IDS, 8, 64, epochs=2, seed=4, prefetch=3)
+    interrupt_prefetch_thread_starts(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        next(stream)
+    assert prefetch_threads() == []
+    assert stream.state_dict()["position"] == 0
+    assert call_within(lambda: batches_of(stream)) == expected
+    stream.close()
+    assert prefetch_threads() == []
+
+
+def interrupt_prefetch_thread_join(monkeypatch) -> None:
+    """Make the next join of a prefetch thread raise KeyboardInterrupt, as a Ctrl-C landing
+    while ``close()`` or ``load_state_dict()`` waits for the thread does."""
+    real_join = threading.Thread.join
+    left = {"n": 1}
+
+    def join(thread, timeout=None):
+        if thread.name == "tokstream-prefetch" and left["n"]:
+            left["n"] -= 1
+            raise KeyboardInterrupt
+        return real_join(thread, timeout)
+
+    monkeypatch.setattr(threading.Thread, "join", join)
+
+
+def test_ctrl_c_during_close_still_closes_the_stream(monkeypatch):
+    stream = stream_token_source(IDS, 8, 16, epochs=5, seed=1, prefetch=3)
+    for _ in range(4):
+        next(stream)
+    interrupt_prefetch_thread_join(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        stream.close()
+    with pytest.raises(StopIteration):
+        call_within(lambda: next(stream))
+    assert stream.state_dict()["position"] == 4 * 16
+    wait_for_no_prefetch_threads()
+
+
+def test_ctrl_c_during_load_state_dict_leaves_the_stream_where_it_was(monkeypatch):
+    kwargs = {"epochs": 3, "seed": 2}
+    expected = batches_of(stream_token_source(IDS, 8, 64, **kwargs))
+    stream = stream_token_source(IDS, 8, 64, prefetch=4, **kwargs)
+    early = stream.state_dict()
+    for _ in range(5):
+        next(stream)
+    time.sleep(0.05)  # the thread runs 4 batches ahead
+    interrupt_prefetch_thread_join(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        stream.load_state_dict(early)
+    # The load did not happen: the stream continues after the 5 batches it delivered.
+    assert call_within(lambda: batches_of(itertools.islice(stream, 3))) == expected[5:8]
+    stream.load_state_dict(early)
+    assert call_within(lambda: batches_of(stream)) == expected
+    stream.close()
+    wait_for_no_prefetch_threads()
+
+
+def test_rewinding_a_prefetching_stream_leaves_no_finalizer_or_prefetcher_behind():
+    stream = stream_token_source(IDS, 8, 16, epochs=2, prefetch=2)
+    start = stream.state_dict()
+    next(stream)
+    finalizers = len(weakref.finalize._registry)
+    old = []
+    for _ in range(500):
+        old.append(weakref.ref(stream._prefetcher))
+        stream.load_state_dict(start)
+        next(stream)
+    gc.collect()
+    assert len(weakref.finalize._registry) <= finalizers
+    assert sum(ref() is not None for ref in old) == 0
+    assert len(prefetch_threads()) == 1
+    stream.close()
+    assert prefetch_threads() == []
+
+
+FORK_OK = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+# Python 3.12+ warns that forking a process with threads may deadlock: the very case tested.
+FORK_WITH_THREADS = pytest.mark.filterwarnings("ignore:This process .* fork:DeprecationWarning")
+
+
+@FORK_OK
+@FORK_WITH_THREADS
+@pytest.mark.parametrize("reuse", [0, 6])
+def test_a_child_forked_after_prefetching_started_continues_the_stream(reuse):
+    kwargs = {"epochs": 2, "seed": 7}
+    expected = batches_of(stream_token_source(IDS, 8, 64, **kwargs))
+    stream = stream_token_source(IDS, 8, 64, prefetch=3, reuse_buffers=reuse, **kwargs)
+    parent_first = batches_of(itertools.islice(stream, 3))
+    time.sleep(0.05)  # the queue is full when the fork happens
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its next batches (or its error) and leave at once
+        try:
+            os.close(read_end)
+            result = repr(batches_of(itertools.islice(stream, 10)))
+        except BaseException as error:
+            result = repr(error)
+        with os.fdopen(write_end, "w") as out:
+            out.write(result)
+        os._exit(0)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end) as report:
+            child = call_within(report.read, 30)
+    finally:
+        deadline = time.monotonic() + 5
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+            time.sleep(0.01)
+    assert parent_first == expected[:3]
+    assert child == repr(expected[3:13])
+    # The parent's stream is untouched by the child.
+    assert batches_of(itertools.islice(stream, 2)) == expected[3:5]
+    stream.close()

@@ -306,13 +306,24 @@ HAND_EDITS = [
     (("rng_state", "pos"), "3", TypeError, r"state\['rng_state'\]\['pos'\] must be an int"),
     (("rng_state", "has_gauss"), 2, ValueError, r"\['has_gauss'\] must be 0 or 1, got 2"),
     (("rng_state", "cached_gaussian"), "0", TypeError, r"\['cached_gaussian'\] must be a float"),
+    # Beyond Python's 4300-digit printing limit: the message names the field all the same.
+    (("position",), 10**5000, ValueError, r"state\['position'\] must be at most 2\*\*63 - 1"),
+    (("position",), -(10**5000), ValueError, r"state\['position'\] must be nonnegative, got a"),
+    (("epoch",), -(10**5000), ValueError, r"state\['epoch'\] must be nonnegative, got a neg"),
+    (("config", "num_tokens"), 10**5000, ValueError, r"saved with num_tokens=an int of 16610"),
 ]
+
+
+def _edit_id(path, value) -> str:
+    huge = isinstance(value, int) and abs(value) > 2**64  # too long to print
+    shown = f"{'-' if value < 0 else ''}{abs(value).bit_length()}-bit int" if huge else value
+    return f"{'.'.join(path)}={shown!r:.12}"
 
 
 @pytest.mark.parametrize(
     ("path", "value", "error", "match"),
     HAND_EDITS,
-    ids=[f"{'.'.join(path)}={value!r:.12}" for path, value, _, _ in HAND_EDITS],
+    ids=[_edit_id(path, value) for path, value, _, _ in HAND_EDITS],
 )
 def test_a_hand_edited_state_is_rejected_and_the_stream_is_unchanged(path, value, error, match):
     saved = through_json(build().state_dict())

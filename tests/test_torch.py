@@ -8,7 +8,9 @@ broken process group fails the test instead of hanging it.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
+import pickle
 import re
 import socket
 import subprocess
@@ -26,7 +28,7 @@ import torch.multiprocessing
 from torch.utils.data import DataLoader
 
 import tokstream.torch as tokstream_torch
-from tokstream import stream_token_source
+from tokstream import open_tokens, stream_token_source, write_tokens
 from tokstream.torch import TokenDataset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -314,6 +316,35 @@ def test_statefuldataloader_resumes_to_identical_batches(num_workers):
     assert len(resumed) == len(rest) > 0
     for (x, y), (rx, ry) in zip(rest, resumed, strict=True):
         assert torch.equal(x, rx) and torch.equal(y, ry)
+
+
+# ------------------------------------------------------------------ spawned workers and files
+
+
+def check_the_worker_maps_the_file(worker_id: int) -> None:
+    """worker_init_fn: the worker's corpus maps the file again instead of holding a copy."""
+    from tokstream._filemap import file_map_of
+
+    shard = torch.utils.data.get_worker_info().dataset.corpus.shards[0]
+    assert file_map_of(shard) is not None, "the worker got a copy of the tokens"
+
+
+def test_spawned_workers_map_the_token_file_instead_of_unpickling_a_copy(tmp_path):
+    path = write_tokens(tmp_path / "t.npy", np.arange(1_000_000) % 50_000)
+    dataset = TokenDataset(open_tokens(path), 8, 64, seed=2, num_workers=2)
+    assert len(pickle.dumps(dataset)) < 8_000  # the tokens alone are 2 MB
+    loader = DataLoader(
+        dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn",
+        worker_init_fn=check_the_worker_maps_the_file,
+    )
+    got = [x.numpy() for x, _ in itertools.islice(loader, 6)]
+    # Worker w streams as rank w of 2; the loader takes one batch from each in turn.
+    workers = [
+        iter(TokenDataset(open_tokens(path), 8, 64, seed=2, rank=w, world_size=2))
+        for w in range(2)
+    ]
+    expected = [next(workers[i % 2])[0].numpy() for i in range(6)]
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
 # ------------------------------------------------------------------ gloo process groups

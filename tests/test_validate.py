@@ -163,6 +163,7 @@ def test_bad_input_raises_at_call_time_naming_the_argument(path, overrides, erro
         pytest.param({"world_size": 2.5}, ValueError, "world_size", id="world_fraction"),
         pytest.param({"rank": -1}, ValueError, "rank", id="rank_negative"),
         pytest.param({"rank": 2, "world_size": 2}, ValueError, "rank", id="rank_too_big"),
+        pytest.param({"rank": 10**5000}, ValueError, "rank must be below", id="rank_huge"),
         pytest.param({"rank": True}, TypeError, "rank", id="rank_bool"),
         pytest.param({"drop_last": "yes"}, TypeError, "drop_last", id="drop_last_string"),
     ],

@@ -2,7 +2,8 @@
 
 Without ``extras`` a batch is the tuple ``(windows, targets)``. With any extra it is a dict:
 ``"input_ids"`` (the windows), ``"labels"`` (the targets, as ``targets=`` says) and the extras
-asked for, all derived from the position ids the document kernel writes in the gather's pass:
+asked for, written by the document kernel in the gather's pass (position ids and the loss
+mask) or found from the position ids by a binary search per piece (``cu_seqlens``):
 
 - ``"position_ids"``, ``(b, block)`` int64: 0 at each row's first token and at every document
   start inside the row, else one more than the token before;
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tokstream._documents import document_pieces
 from tokstream._validate import DOCUMENT_EXTRAS, StreamOptions
 from tokstream.corpus import WindowGather
 
@@ -36,7 +38,9 @@ def new_buffers(options: StreamOptions, rows: int) -> dict[str, np.ndarray]:
     }
     if set(options.extras).intersection(DOCUMENT_EXTRAS):
         buffers["position_ids"] = np.empty((rows, block), np.int64)
-        buffers["label_continues"] = np.empty(rows, np.uint8)
+        # The loss mask, filled by the document kernel: one flag per label.
+        width = 1 if options.targets == "next" else block
+        buffers["label_continues"] = np.empty((rows, width), np.uint8)
     if "source" in options.extras:
         buffers["source"] = np.empty(rows, np.int64)
     return buffers
@@ -80,17 +84,11 @@ def assemble(buffers: dict[str, np.ndarray], extras: tuple[str, ...]) -> Batch:
         batch["position_ids"] = positions
     if "loss_mask" in extras:
         continues = buffers["label_continues"].view(np.bool_)
-        if buffers["labels"].ndim == 1:
-            batch["loss_mask"] = continues.copy()
-        else:
-            mask = np.empty(positions.shape, np.bool_)
-            np.not_equal(positions[:, 1:], 0, out=mask[:, :-1])
-            mask[:, -1] = continues
-            batch["loss_mask"] = mask
+        batch["loss_mask"] = continues[:, 0] if buffers["labels"].ndim == 1 else continues
     if "cu_seqlens" in extras:
-        piece_starts = np.flatnonzero(positions.reshape(-1) == 0)
-        cu_seqlens = np.empty(piece_starts.shape[0] + 1, np.int32)
-        cu_seqlens[:-1] = piece_starts
+        pieces = document_pieces(positions, np.empty(0, np.int32))
+        cu_seqlens = np.empty(pieces + 1, np.int32)
+        document_pieces(positions, cu_seqlens[:-1])
         cu_seqlens[-1] = positions.size
         batch["cu_seqlens"] = cu_seqlens
         batch["max_seqlen"] = int(np.diff(cu_seqlens).max(initial=0))

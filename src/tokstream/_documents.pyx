@@ -7,6 +7,7 @@ allocates; the Python side (``tokstream._gather``) proves every index in range.
 
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memset
 
 ctypedef fused token_t:
     int8_t
@@ -20,15 +21,18 @@ ctypedef fused token_t:
 
 
 cdef inline Py_ssize_t _first_above(const int64_t[::1] sorted_values, int64_t value) noexcept nogil:
-    # Index of the first element > value (len if none): a binary search over O(documents).
-    cdef Py_ssize_t low = 0, high = sorted_values.shape[0], middle
-    while low < high:
-        middle = (low + high) >> 1
-        if sorted_values[middle] <= value:
-            low = middle + 1
-        else:
-            high = middle
-    return low
+    # Index of the first element > value (len if none): a binary search over O(documents),
+    # written so that the compiler can use conditional moves: random windows make every
+    # branch of a branchy search a coin flip.
+    cdef Py_ssize_t base = 0, size = sorted_values.shape[0], half
+    if size == 0:
+        return 0
+    while size > 1:
+        # base + half < base + size <= len: the probe stays inside the array.
+        half = size >> 1
+        base = base + half if sorted_values[base + half] <= value else base
+        size -= half
+    return base + (sorted_values[base] <= value)
 
 
 # Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
@@ -40,28 +44,33 @@ def document_positions(
     int64_t eos,
     bint use_eos,
     int64_t[:, ::1] position_ids,
-    uint8_t[::1] label_continues,
+    uint8_t[:, ::1] label_continues,
     const int64_t[:] rows=None,
 ):
-    """document_positions(const token_t[::1] tokens, const int64_t[:] starts, const int64_t[::1] document_starts, int64_t eos, bint use_eos, int64_t[:, ::1] position_ids, uint8_t[::1] label_continues, const int64_t[:] rows=None)
+    """document_positions(const token_t[::1] tokens, const int64_t[:] starts, const int64_t[::1] document_starts, int64_t eos, bint use_eos, int64_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, const int64_t[:] rows=None)
 
     Position ids of window ``i`` (``block = position_ids.shape[1]`` tokens from ``starts[i]``)
-    into row ``rows[i]``, and whether the token after it belongs to the same document.
+    into row ``rows[i]``, and whether each label belongs to the same document as the token it is
+    predicted from.
 
     A token starts a document when its index is in ``document_starts`` (sorted, local to
     ``tokens``, a start repeated for each empty document) or, with ``use_eos``, when the token
-    before it equals ``eos``. Row ``r`` gets
-    ``position_ids[r, 0] = 0``, then 0 at every document start and one more than the token before
-    elsewhere; ``label_continues[r]`` is 0 when token ``starts[i] + block`` starts a document.
+    before it equals ``eos``. Row ``r`` gets ``position_ids[r, 0] = 0``, then 0 at every
+    document start and one more than the token before elsewhere. ``label_continues`` is
+    ``(b, block)`` for shifted targets (``[r, j]`` is 0 when token ``starts[i] + j + 1`` starts a
+    document) or ``(b, 1)`` for next tokens (``[r, 0]`` is 0 when token ``starts[i] + block``
+    does): the loss mask, written in the same pass.
 
-    The caller guarantees ``0 <= starts[i]`` and ``starts[i] + block < len(tokens)`` and every row
-    below ``position_ids.shape[0]`` (and ``label_continues.shape[0]``).
+    The caller guarantees ``0 <= starts[i]`` and ``starts[i] + block < len(tokens)``, every row
+    below ``position_ids.shape[0]`` and ``label_continues.shape[0]``, and
+    ``label_continues.shape[1]`` either ``block`` or 1.
     """
     cdef Py_ssize_t count = starts.shape[0]
     cdef Py_ssize_t block = position_ids.shape[1]
     cdef Py_ssize_t num_documents = document_starts.shape[0]
     cdef bint indirect = rows is not None
-    cdef Py_ssize_t i, j, row, next_document
+    cdef bint per_label = label_continues.shape[1] == block
+    cdef Py_ssize_t i, j, row, next_document, piece, end, next_piece
     cdef int64_t start, next_start, position
     cdef bint breaks
     with nogil:
@@ -70,14 +79,46 @@ def document_positions(
             start = starts[i]
             row = rows[i] if indirect else i
             next_document = _first_above(document_starts, start)
+            if per_label:
+                memset(&label_continues[row, 0], 1, block)
+            else:
+                label_continues[row, 0] = 1
+            if not use_eos:
+                # Only recorded starts break the row: runs of 0, 1, 2, ... between them, which
+                # the compiler vectorises, and one binary search per window.
+                piece = 0
+                while True:
+                    next_piece = (
+                        document_starts[next_document] - start
+                        if next_document < num_documents else block + 1
+                    )
+                    end = next_piece if next_piece < block else block
+                    for j in range(piece, end):
+                        position_ids[row, j] = j - piece
+                    if next_piece > block:
+                        break
+                    # A document starts at token start + next_piece, 0 < next_piece <= block.
+                    if per_label:
+                        label_continues[row, next_piece - 1] = 0
+                    elif next_piece == block:
+                        label_continues[row, 0] = 0
+                    # Empty documents repeat a start: step past every copy of this one.
+                    while (
+                        next_document < num_documents
+                        and document_starts[next_document] == start + next_piece
+                    ):
+                        next_document += 1
+                    if next_piece == block:
+                        break
+                    piece = next_piece
+                continue
             next_start = document_starts[next_document] if next_document < num_documents else -1
             position = 0
             position_ids[row, 0] = 0
             for j in range(1, block + 1):
-                breaks = use_eos and tokens[start + j - 1] == eos
+                breaks = tokens[start + j - 1] == eos
                 if next_start == start + j:
                     breaks = True
-                    # Empty documents repeat a start: step past every copy of this one.
                     while (
                         next_document < num_documents
                         and document_starts[next_document] == next_start
@@ -86,8 +127,46 @@ def document_positions(
                     next_start = (
                         document_starts[next_document] if next_document < num_documents else -1
                     )
-                if j == block:
-                    label_continues[row] = not breaks
-                else:
+                if breaks:
+                    if per_label:
+                        label_continues[row, j - 1] = 0
+                    elif j == block:
+                        label_continues[row, 0] = 0
+                if j < block:
                     position = 0 if breaks else position + 1
                     position_ids[row, j] = position
+
+
+def document_pieces(const int64_t[:, ::1] position_ids, int32_t[::1] piece_starts):
+    """document_pieces(const int64_t[:, ::1] position_ids, int32_t[::1] piece_starts) -> int
+
+    Count the document pieces of the flattened batch (a piece starts at every 0 of
+    ``position_ids``) and write the first ``len(piece_starts)`` of their starts, as flat
+    indices, into ``piece_starts``; return the count. Pass an empty ``piece_starts`` to count.
+
+    Within a piece starting at column ``a``, ``position_ids[r, j] == j - a``; after it the
+    position is smaller. So the next start is found by a binary search: O(pieces * log block),
+    not a scan of every position. Every index stays inside the row and inside ``piece_starts``
+    whatever the values are (a caller that overwrote the array gets wrong pieces, never a bad
+    access).
+    """
+    cdef Py_ssize_t rows = position_ids.shape[0], block = position_ids.shape[1]
+    cdef Py_ssize_t capacity = piece_starts.shape[0]
+    cdef Py_ssize_t found = 0, r, piece, low, high, middle
+    with nogil:
+        for r in range(rows):
+            piece = 0
+            while piece < block:
+                if found < capacity:
+                    piece_starts[found] = <int32_t>(r * block + piece)
+                found += 1
+                # The first column after ``piece`` that does not continue it (block if none).
+                low, high = piece + 1, block
+                while low < high:
+                    middle = (low + high) >> 1
+                    if position_ids[r, middle] == middle - piece:
+                        low = middle + 1
+                    else:
+                        high = middle
+                piece = low
+    return found

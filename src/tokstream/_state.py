@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tokstream._validate import INT64_MAX
+from tokstream._validate import INT64_MAX, shown
 
 STATE_VERSION = 1
 
@@ -151,7 +151,8 @@ def _check_config(saved: Any, here: dict[str, Any], options: Any) -> None:
                 "or not, must keep the global batch size"
             )
         raise ValueError(
-            f"state was saved with {key}={value!r}, but this stream has {key}={value_here!r}"
+            f"state was saved with {key}={shown(value)}, but this stream has "
+            f"{key}={value_here!r}"
         )
 
 
@@ -160,7 +161,7 @@ def _state_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if value < 0:
-        raise ValueError(f"{name} must be nonnegative, got {value}")
+        raise ValueError(f"{name} must be nonnegative, got {shown(value)}")
     if value > INT64_MAX:
         raise ValueError(f"{name} must be at most 2**63 - 1, got a {value.bit_length()}-bit int")
     return value

@@ -41,8 +41,8 @@ SCAN_CHUNK = 1 << 20
 # Scalar controls
 
 
-def shown(value: int) -> str:
-    """``value`` for an error message.
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message.
 
     Python refuses to print an int of more than ``sys.get_int_max_str_digits()`` digits (4300 by
     default) and raises its own ValueError instead, which would hide the message naming the
@@ -51,6 +51,8 @@ def shown(value: int) -> str:
     try:
         return repr(value)
     except ValueError:
+        if not isinstance(value, int):
+            raise
         sign = "a negative" if value < 0 else "an"
         return f"{sign} int of {value.bit_length()} bits"
 
@@ -406,7 +408,7 @@ class StreamOptions:
         world_size = positive_int(values["world_size"], "world_size")
         rank = nonnegative_int(values["rank"], "rank")
         if rank >= world_size:
-            raise ValueError(f"rank must be below world_size={world_size}, got {rank}")
+            raise ValueError(f"rank must be below world_size={world_size}, got {shown(rank)}")
         drop_last = exact_bool(values["drop_last"], "drop_last")
         stride = positive_int(values["stride"], "stride")
         eos = None if values["eos"] is None else exact_int(values["eos"], "eos")
@@ -431,12 +433,6 @@ class StreamOptions:
             )
         prefetch = nonnegative_int(values["prefetch"], "prefetch")
         reuse_buffers = nonnegative_int(values["reuse_buffers"], "reuse_buffers")
-        if reuse_buffers and prefetch and reuse_buffers < prefetch + 2:
-            raise ValueError(
-                f"reuse_buffers must be at least prefetch + 2 = {prefetch + 2} (the queued "
-                f"batches, the one being assembled and the one the caller holds), got "
-                f"{reuse_buffers}"
-            )
         return cls(
             block=block,
             batch_size=batch_size,
@@ -456,6 +452,18 @@ class StreamOptions:
             extras=extras,
             samples=samples,
         )
+
+    @property
+    def ring_size(self) -> int:
+        """Batch buffers a ``reuse_buffers`` stream cycles through (0: fresh batches).
+
+        With ``prefetch=p`` up to ``p`` batches wait in the queue and one is being assembled
+        while the caller holds its last ``reuse_buffers``, so ``p + 1`` more buffers keep every
+        held batch intact until the caller has received ``reuse_buffers`` more.
+        """
+        if not self.reuse_buffers:
+            return 0
+        return self.reuse_buffers + (self.prefetch + 1 if self.prefetch else 0)
 
     @property
     def global_batch_size(self) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 from tokstream import _validate
 from tokstream._advice import advise_windows
 from tokstream._documents import document_positions
-from tokstream._filemap import FileMap
+from tokstream._filemap import FileMap, file_map_of
 from tokstream._windows import gather_windows
 
 
@@ -198,6 +198,20 @@ class Corpus:
 
     def __repr__(self) -> str:
         return f"Corpus(shards={len(self.shards)}, tokens={self.num_tokens}, dtype={self.dtype})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A shard mapped from a token file travels as its file, offset and dtype, and is mapped
+        # again where it is unpickled (a spawned DataLoader worker), instead of as a copy.
+        state = self.__dict__.copy()
+        state["_shards"] = tuple(file_map_of(shard) or shard for shard in self._shards)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        shards = state["_shards"] = tuple(np.asarray(shard) for shard in state["_shards"])
+        arrays = [value for value in state.values() if isinstance(value, np.ndarray)]
+        for array in (*shards, *arrays):
+            array.flags.writeable = False  # unpickled arrays come back writeable
+        self.__dict__.update(state)
 
     def window_offsets(self, block: int, stride: int = 1) -> np.ndarray:
         """``offsets[j]`` = index of shard ``j``'s first window; ``offsets[-1]`` = window count."""

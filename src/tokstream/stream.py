@@ -36,11 +36,14 @@ class TokenStream(Iterator[Batch]):
     array and the targets are ``(b,)`` int64 next tokens (``targets="next"``) or the ``(b,
     block)`` windows shifted by one token (``targets="shifted"``).
 
-    With ``reuse_buffers=k`` the stream instead cycles through ``k`` preallocated batches: the
-    arrays it returns are overwritten ``k`` batches later, so a caller that keeps a batch longer
-    copies it. With ``prefetch=p`` a background thread assembles up to ``p`` batches ahead (the
-    kernel runs without the GIL); :meth:`state_dict` still reports the batches delivered, not
-    the ones assembled, and :meth:`close` (or dropping the stream) stops the thread.
+    With ``reuse_buffers=k`` the stream instead cycles through preallocated batches: a batch
+    stays intact until the caller has received ``k`` more, then its arrays are overwritten, so a
+    caller that keeps a batch longer copies it. With ``prefetch=p`` a background thread
+    assembles up to ``p`` batches ahead (the kernel runs without the GIL); :meth:`state_dict`
+    still reports the batches delivered, not the ones assembled, and :meth:`close` (or dropping
+    the stream) stops the thread. A ``KeyboardInterrupt`` anywhere in ``next()``, ``close()`` or
+    :meth:`load_state_dict` leaves no thread running unseen and no batch skipped by it, and a
+    child process forked while the thread runs continues the stream with a thread of its own.
 
     One stream may be shared between threads: each ``next()`` is atomic, so the threads receive
     disjoint batches of the one sequence (in an order that depends on scheduling).
@@ -86,9 +89,9 @@ class TokenStream(Iterator[Batch]):
         self._ring_next = 0
         self._prefetcher: Prefetcher | None = None
         self._deliver_lock = threading.Lock()
-        # The cursor after the last batch handed out, while a prefetch thread runs ahead of it;
-        # None when the live cursor is the delivered one.
-        self._delivered: Cursor | None = None
+        # The cursor and ring position after the last batch handed out, while a prefetch thread
+        # runs ahead of them; None when the live ones are the delivered ones.
+        self._delivered: tuple[Cursor, int] | None = None
 
     # ------------------------------------------------------------------ read-only attributes
 
@@ -134,7 +137,7 @@ class TokenStream(Iterator[Batch]):
 
     def _delivered_cursor(self) -> Cursor:
         """The cursor after the last batch the caller received."""
-        return self._cursor if self._delivered is None else self._delivered
+        return self._cursor if self._delivered is None else self._delivered[0]
 
     # ------------------------------------------------------------------ iteration
 
@@ -148,18 +151,51 @@ class TokenStream(Iterator[Batch]):
         with self._deliver_lock:
             if self._closed:
                 raise StopIteration
-            if self._prefetcher is None:
-                self._delivered = self._cursor
-                self._prefetcher = Prefetcher(
-                    self, TokenStream._produce_ahead, self._options.prefetch
+            prefetcher = self._prefetcher
+            if prefetcher is not None and not prefetcher.usable:
+                # Stopped by an interrupted start, close() or load_state_dict(), or left
+                # without its thread by a fork: its batches were never handed out.
+                self._discard_prefetcher()
+                prefetcher = None
+            if prefetcher is None:
+                self._delivered = (self._cursor, self._ring_next)
+                prefetcher = self._prefetcher = Prefetcher(
+                    self,
+                    TokenStream._produce_ahead,
+                    self._options.prefetch,
+                    on_fork=TokenStream._after_fork,
                 )
-            batch, self._delivered = self._prefetcher.get()
+            batch, self._delivered = prefetcher.get()
             return batch
 
-    def _produce_ahead(self) -> tuple[Batch, Cursor]:
+    def _produce_ahead(self, prefetcher: Prefetcher) -> tuple[Batch, tuple[Cursor, int]]:
         with self._lock:
+            if prefetcher.stopped:  # checked under the lock: _discard_prefetcher rewinds under it
+                raise StopIteration
             batch = self._produce()
-            return batch, self._cursor
+            return batch, (self._cursor, self._ring_next)
+
+    def _discard_prefetcher(self) -> None:
+        """Stop the prefetch thread and move the live cursor back to the delivered one.
+
+        The caller holds ``_deliver_lock``. Safe to interrupt and to call again: once the
+        thread is asked to stop it assembles nothing more, and the rewind is one assignment.
+        """
+        prefetcher = self._prefetcher
+        if prefetcher is None:
+            return
+        prefetcher.stop()
+        with self._lock:  # waits out a batch being assembled; none begins after stop()
+            if self._delivered is not None:
+                (self._cursor, self._ring_next), self._delivered = self._delivered, None
+            self._prefetcher = None
+        prefetcher.close()
+
+    def _after_fork(self) -> None:
+        # In a child forked while the prefetch thread ran: that thread is gone and may have
+        # held these locks, which would then never be released.
+        self._lock = threading.Lock()
+        self._deliver_lock = threading.Lock()
 
     def _produce(self) -> Batch:
         """Assemble the batch at the live cursor and advance it; the caller holds the lock."""
@@ -194,18 +230,18 @@ class TokenStream(Iterator[Batch]):
         return batch
 
     def _ring_slot(self) -> dict[str, np.ndarray]:
-        """The next buffers of the ``reuse_buffers`` ring, allocated the first time each is used.
+        """The next buffers of the ring (``options.ring_size`` of them), allocated on first use.
 
         Growing the ring as batches are made, rather than allocating all of it up front, keeps a
         large ``reuse_buffers`` (or a stream that yields nothing) from allocating buffers no batch
-        will ever fill: ``reuse_buffers=2**40`` would otherwise never finish being made.
+        will ever fill: ``reuse_buffers=2**40`` would otherwise never finish being made. The ring
+        position is rewound with the cursor when prefetched batches are discarded.
         """
-        if len(self._ring) < self._options.reuse_buffers:
+        index = self._ring_next
+        if index == len(self._ring):
             self._ring.append(_batch.new_buffers(self._options, self._order.max_rows))
-            return self._ring[-1]
-        slot = self._ring[self._ring_next]
-        self._ring_next = (self._ring_next + 1) % self._options.reuse_buffers
-        return slot
+        self._ring_next = (index + 1) % self._options.ring_size
+        return self._ring[index]
 
     def close(self) -> None:
         """Stop the stream: every later ``next()`` raises StopIteration, as a closed generator.
@@ -213,17 +249,13 @@ class TokenStream(Iterator[Batch]):
         The epoch's order is freed; :meth:`state_dict` still reports where the stream stopped.
         """
         with self._deliver_lock:
-            self._stop_prefetcher()
             with self._lock:
-                self._closed = True
+                self._closed = True  # first: an interrupt below still leaves it closed
+            self._discard_prefetcher()
+            with self._lock:
                 self._order.release()
                 if self._readahead is not None:
                     self._readahead.reset()
-
-    def _stop_prefetcher(self) -> None:
-        if self._prefetcher is not None:
-            self._prefetcher.close()
-            self._prefetcher = None
 
     def __repr__(self) -> str:
         o, cursor = self._options, self._cursor
@@ -273,7 +305,7 @@ class TokenStream(Iterator[Batch]):
             state, self._config, self._options, self.batches_per_epoch, self._order.draws_orders
         )
         with self._deliver_lock:
-            self._stop_prefetcher()
+            self._discard_prefetcher()
             with self._lock:
                 self._order.release()
                 if self._readahead is not None:
@@ -354,9 +386,10 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         Batches a background thread assembles ahead of the caller (0: none, the default).
     reuse_buffers
         0 (default): every batch is fresh memory the caller owns. ``k >= 1``: the stream
-        cycles through ``k`` preallocated batches, so a batch is overwritten ``k`` batches
-        later (saves the page faults of a fresh multi-MB buffer per batch). With prefetching it
-        must be at least ``prefetch + 2``.
+        cycles through preallocated batches, and a batch stays intact until the caller has
+        received ``k`` more (saves the page faults of a fresh multi-MB buffer per batch). With
+        ``prefetch=p`` that takes ``k + p + 1`` buffers, since up to ``p + 1`` batches are
+        assembled ahead of the caller.
 
     stride
         Window starts ``0, stride, 2 * stride, ...`` in each shard (or document) while
