@@ -16,7 +16,7 @@ import numpy as np
 
 from tokstream import _validate
 from tokstream._advice import advise_windows
-from tokstream._documents import document_positions
+from tokstream._documents import document_positions, segment_token_starts
 from tokstream._filemap import FileMap, file_map_of
 from tokstream._windows import gather_windows
 
@@ -363,6 +363,7 @@ class WindowGather:
         # With a single segment a window's start is an affine function of its index.
         one_segment = self.offsets.shape[0] == 2
         self._one_segment_base = int(self._segment_starts[0]) if one_segment else None
+        self._bucket_shift, self._bucket_segments = _segment_buckets(self.offsets)
         self._single = self._shards[0] if len(self._shards) == 1 else None
         # The kernels specialised for the corpus dtype (keyed by its C type, e.g. "uint16_t"), so
         # no batch pays the fused-type dispatch.
@@ -384,8 +385,12 @@ class WindowGather:
             if self._stride == 1 and self._one_segment_base == 0:
                 return windows
             return windows * self._stride + self._one_segment_base
-        segment = np.searchsorted(self.offsets, windows, side="right") - 1
-        return self._segment_starts[segment] + (windows - self.offsets[segment]) * self._stride
+        starts = np.empty(windows.shape[0], np.int64)
+        segment_token_starts(
+            windows, self.offsets, self._segment_starts, self._stride, self._bucket_segments,
+            self._bucket_shift, starts,
+        )
+        return starts
 
     def __call__(
         self,
@@ -458,6 +463,21 @@ def windows_per_segment(lengths: np.ndarray, block: int, stride: int) -> np.ndar
     block = min(block, int(lengths.max(initial=0)))
     room = lengths - block - 1
     return np.where(room >= 0, room // stride + 1, 0).astype(np.int64)
+
+
+def _segment_buckets(offsets: np.ndarray) -> tuple[int, np.ndarray]:
+    """``(shift, segment of window b << shift for each b, then the last segment)``.
+
+    About one bucket per segment, so a window's segment is searched among the few that start
+    in its bucket: O(segments) memory, and a lookup that does not grow with their number.
+    """
+    segments, num_windows = offsets.shape[0] - 1, int(offsets[-1])
+    if segments <= 1 or num_windows == 0:
+        return 0, np.zeros(2, np.int64)
+    shift = max(0, (num_windows - 1).bit_length() - (segments - 1).bit_length())
+    firsts = np.arange(((num_windows - 1) >> shift) + 1, dtype=np.int64) << shift
+    buckets = np.searchsorted(offsets[:-1], firsts, side="right") - 1
+    return shift, _read_only(np.append(buckets, segments - 1))
 
 
 def _cumulative(counts: np.ndarray) -> np.ndarray:
