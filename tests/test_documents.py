@@ -24,7 +24,7 @@ from tests.oracle_documents import (
 )
 from tokstream import Corpus, open_tokens, reference, stream_token_source
 from tokstream._documents import document_pieces
-from tokstream.corpus import WindowGather
+from tokstream._gather import WindowGather
 
 
 def test_from_documents_joins_the_documents_and_records_their_boundaries():

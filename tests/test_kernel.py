@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import KERNEL_DTYPES
 from tokstream import _windows
-from tokstream.corpus import PREFETCH_BYTES, PREFETCH_MAX_WINDOWS, prefetch_distance
+from tokstream._gather import PREFETCH_BYTES, PREFETCH_MAX_WINDOWS, prefetch_distance
 
 
 def test_loaded_kernel_is_the_compiled_extension():

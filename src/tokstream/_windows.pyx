@@ -62,7 +62,7 @@ def gather_windows(
     ``next_tokens[row]``; with ``targets`` the window shifted by one token goes to
     ``targets[row]``; exactly one of the two is given. ``rows`` defaults to ``0, 1, 2, ...``.
     With ``prefetch=d > 0`` every cache line of window ``i + d`` is prefetched before window
-    ``i`` is copied (:func:`tokstream.corpus.prefetch_distance` chooses ``d``); 0 skips the
+    ``i`` is copied (:func:`tokstream._gather.prefetch_distance` chooses ``d``); 0 skips the
     software prefetch, for consecutive windows, which the hardware prefetcher already streams.
 
     The caller guarantees ``0 <= starts[i]`` and ``starts[i] + block < len(tokens)``, that every
