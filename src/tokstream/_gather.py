@@ -14,7 +14,7 @@ import numpy as np
 from tokstream._advice import advise_windows
 from tokstream._documents import document_positions, segment_token_starts
 from tokstream._options import StreamOptions
-from tokstream._windows import gather_windows
+from tokstream._windows import gather_sharded, gather_windows
 from tokstream.corpus import Corpus, _cumulative, _read_only, windows_per_segment
 
 #: The kernel prefetches about this many bytes of window data ahead of the window it copies,
@@ -96,6 +96,16 @@ class WindowGather:
         # no batch pays the fused-type dispatch.
         key = f"{corpus.dtype.name}_t"
         self._kernel = gather_windows.__signatures__[key]
+        self._kernel_sharded = gather_sharded.__signatures__[key]
+        # (a shard, each nonempty shard's address, first and past-the-end token): every window
+        # lies in one nonempty shard, and the arrays live as long as ``self._shards``.
+        nonempty = np.flatnonzero(corpus.lengths)
+        self._sharded = (
+            self._shards[0],
+            _read_only(np.array([self._shards[k].ctypes.data for k in nonempty], np.uint64)),
+            _read_only(self._shard_starts[nonempty].copy()),
+            _read_only(self._shard_starts[nonempty] + corpus.lengths[nonempty]),
+        )
         self._positions = document_positions.__signatures__[key]
         self._advise = advise_windows.__signatures__[key]
         self._eos = 0 if eos is None else eos
@@ -141,6 +151,15 @@ class WindowGather:
                     self._single, starts, self._document_starts[0], self._eos, self._use_eos,
                     position_ids, label_continues, None,
                 )
+            return
+        if position_ids is None:
+            # One kernel call for every shard: no grouping of rows by shard per batch.
+            sharded = self._sharded
+            sources = np.empty(starts.shape[0], np.int64)
+            self._kernel_sharded(
+                sharded[0], sharded[1], sharded[2], sharded[3], starts, sources, windows,
+                next_tokens, targets, self._prefetch,
+            )
             return
         for shard, group, local_starts in self._by_shard(starts):
             tokens = self._shards[shard]
