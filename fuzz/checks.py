@@ -55,7 +55,8 @@ def assert_batches_equal(got, expected, what: str, held: int = 1) -> int:
     each of the last ``k`` is checked again at every step), and may be overwritten after."""
     missing = object()
     count = 0
-    holding: collections.deque = collections.deque(maxlen=min(max(held, 1), MAX_BATCHES))
+    # A huge reuse_buffers holds every batch compared (at most MAX_BATCHES of them).
+    holding: collections.deque = collections.deque(maxlen=min(max(held, 1), MAX_BATCHES + 1))
     for i, (batch, want_batch) in enumerate(
         itertools.zip_longest(got, expected, fillvalue=missing)
     ):

@@ -122,3 +122,12 @@ def test_sharded_batches_match_the_oracle_and_never_cross_a_shard(
     )
     for windows, _ in actual:
         assert np.all(windows // 1000 == windows[:, :1] // 1000)
+
+
+@pytest.mark.parametrize("num_shards", [2, 8, 9, 30])
+def test_the_gather_reads_every_shard_alike_with_few_or_many_shards(num_shards):
+    # Up to 8 shards the gather groups a batch's rows with a pass per shard, beyond by a sort.
+    rng = np.random.default_rng(num_shards)
+    shards = [rng.integers(0, 1000, int(rng.integers(3, 40))) for _ in range(num_shards)]
+    stream = stream_token_source(Corpus(shards), 2, 16, epochs=2, seed=1)
+    assert_same_batches(stream, sharded_oracle_batches(shards, 2, 16, 2, True, 1))

@@ -24,6 +24,7 @@ from tests.oracle_documents import (
 )
 from tokstream import Corpus, open_tokens, reference, stream_token_source
 from tokstream._documents import document_pieces
+from tokstream._gather import WindowGather
 
 
 def test_from_documents_joins_the_documents_and_records_their_boundaries():
@@ -437,3 +438,24 @@ def test_document_pieces_counts_every_piece_and_never_writes_past_its_buffer():
     # Values a caller scribbled over a reused buffer: wrong pieces, never a bad access.
     scribbled = np.random.default_rng(0).integers(-(2**40), 2**40, (9, 33))
     assert document_pieces(scribbled, np.empty(3, np.int32)) >= 9
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_window_starts_over_many_documents_match_a_searchsorted_oracle(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 60, rng.integers(1, 3000))
+    corpus = Corpus.from_documents([np.zeros(n, np.uint8) for n in lengths])
+    block, stride = int(rng.integers(1, 20)), int(rng.integers(1, 5))
+    gather = WindowGather(
+        corpus, block, stride=stride, document_boundaries=corpus.document_boundaries
+    )
+    room = lengths - block - 1
+    counts = np.where(room >= 0, room // stride + 1, 0)
+    if gather.num_windows == 0:
+        assert counts.sum() == 0
+        return
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    windows = rng.integers(0, gather.num_windows, 5000)
+    document = np.searchsorted(offsets, windows, side="right") - 1
+    expected = corpus.document_boundaries[document] + (windows - offsets[document]) * stride
+    np.testing.assert_array_equal(gather.token_starts(windows), expected)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import KERNEL_DTYPES
 from tokstream import _windows
-from tokstream.corpus import PREFETCH_BYTES, PREFETCH_MAX_WINDOWS, prefetch_distance
+from tokstream._gather import PREFETCH_BYTES, PREFETCH_MAX_WINDOWS, prefetch_distance
 
 
 def test_loaded_kernel_is_the_compiled_extension():
@@ -77,6 +77,50 @@ def test_debug_build_catches_an_out_of_range_window():
     windows = np.empty((1, 4), np.int64)
     with pytest.raises(IndexError):
         _windows.gather_windows(tokens, np.array([7], np.int64), windows, np.empty(1, np.int64))
+
+
+def sharded_arguments(shards):
+    """``gather_sharded``'s shard description of ``shards`` (nonempty ones), laid end to end."""
+    lengths = np.array([len(s) for s in shards], np.int64)
+    firsts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    kept = np.flatnonzero(lengths)
+    addresses = np.array([shards[k].ctypes.data for k in kept], np.uint64)
+    return addresses, firsts[kept], firsts[kept] + lengths[kept]
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize("prefetch", [0, 3])
+def test_sharded_kernel_gathers_each_window_from_its_own_shard(dtype, prefetch):
+    rng = np.random.default_rng(4)
+    shards = [rng.integers(0, 100, n).astype(dtype) for n in (30, 0, 12, 50, 9)]
+    addresses, firsts, ends = sharded_arguments(shards)
+    joined = np.concatenate(shards).astype(np.int64)
+    block = 6
+    valid = [g for k in range(len(firsts)) for g in range(firsts[k], ends[k] - block)]
+    starts = rng.choice(valid, 40).astype(np.int64)
+    windows, targets = np.empty((40, block), np.int64), np.empty((40, block), np.int64)
+    next_tokens = np.empty(40, np.int64)
+    sources = np.empty(40, np.int64)
+    kernel = _windows.gather_sharded
+    described = (shards[0], addresses, firsts, ends, starts, sources, windows)
+    kernel(*described, next_tokens, None, prefetch)
+    expected = np.stack([joined[g : g + block + 1] for g in starts])
+    np.testing.assert_array_equal(windows, expected[:, :-1])
+    np.testing.assert_array_equal(next_tokens, expected[:, -1])
+    kernel(*described, None, targets, prefetch)
+    np.testing.assert_array_equal(targets, expected[:, 1:])
+
+
+@pytest.mark.skipif(not _windows.DEBUG_BUILD, reason="release builds run without bounds checks")
+def test_debug_build_catches_a_window_across_two_shards():
+    shards = [np.arange(10), np.arange(10)]
+    addresses, firsts, ends = sharded_arguments(shards)
+    windows, next_tokens = np.empty((1, 4), np.int64), np.empty(1, np.int64)
+    with pytest.raises(IndexError, match="one shard"):
+        _windows.gather_sharded(
+            shards[0], addresses, firsts, ends, np.array([8]), np.empty(1, np.int64), windows,
+            next_tokens,
+        )
 
 
 @pytest.mark.parametrize("dtype", ["u2", "i8"])

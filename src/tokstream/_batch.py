@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from tokstream._documents import document_pieces
-from tokstream._validate import DOCUMENT_EXTRAS, StreamOptions
-from tokstream.corpus import WindowGather
+from tokstream._gather import WindowGather
+from tokstream._options import DOCUMENT_EXTRAS, StreamOptions
 
 Batch = Any  # tuple[np.ndarray, np.ndarray] | dict[str, Any]
 

@@ -18,3 +18,12 @@ def document_pieces(
     position_ids: npt.NDArray[np.int64],  # const int64_t[:, ::1], shape (b, block)
     piece_starts: npt.NDArray[np.int32],  # int32_t[::1], at most this many starts written
 ) -> int: ...
+def segment_token_starts(
+    windows_index: npt.NDArray[np.int64],  # const int64_t[:]
+    offsets: npt.NDArray[np.int64],  # const int64_t[::1], cumulative windows per segment
+    segment_starts: npt.NDArray[np.int64],  # const int64_t[::1]
+    stride: int,  # int64_t
+    bucket_segments: npt.NDArray[np.int64],  # const int64_t[::1], segment of window b << shift
+    shift: int,  # int
+    out: npt.NDArray[np.int64],  # int64_t[::1]
+) -> None: ...

@@ -170,3 +170,42 @@ def document_pieces(const int64_t[:, ::1] position_ids, int32_t[::1] piece_start
                         high = middle
                 piece = low
     return found
+
+
+def segment_token_starts(
+    const int64_t[:] windows_index,
+    const int64_t[::1] offsets,
+    const int64_t[::1] segment_starts,
+    int64_t stride,
+    const int64_t[::1] bucket_segments,
+    int shift,
+    int64_t[::1] out,
+):
+    """segment_token_starts(const int64_t[:] windows_index, const int64_t[::1] offsets, const int64_t[::1] segment_starts, int64_t stride, const int64_t[::1] bucket_segments, int shift, int64_t[::1] out)
+
+    The first token of each window: window ``w`` of segment ``j`` (``offsets[j] <= w <
+    offsets[j + 1]``) starts at ``segment_starts[j] + (w - offsets[j]) * stride``.
+
+    ``bucket_segments[b]`` is the segment of window ``b << shift`` (and its last entry the last
+    segment), so window ``w`` lies in a segment from ``bucket_segments[w >> shift]`` to
+    ``bucket_segments[(w >> shift) + 1]``: a binary search over those few, not all of them.
+
+    The caller guarantees ``0 <= w < offsets[-1]`` for every window, ``len(segment_starts) ==
+    len(offsets) - 1 >= 1``, ``len(bucket_segments) == (offsets[-1] - 1 >> shift) + 2`` with
+    entries valid segments, and ``len(out) >= len(windows_index)``.
+    """
+    cdef Py_ssize_t count = windows_index.shape[0], i, low, high, middle
+    cdef int64_t window
+    with nogil:
+        for i in range(count):
+            window = windows_index[i]
+            # The segment is the last j with offsets[j] <= window, in [low, high].
+            low = bucket_segments[window >> shift]
+            high = bucket_segments[(window >> shift) + 1]
+            while low < high:
+                middle = (low + high + 1) >> 1
+                if offsets[middle] <= window:
+                    low = middle
+                else:
+                    high = middle - 1
+            out[i] = segment_starts[low] + (window - offsets[low]) * stride

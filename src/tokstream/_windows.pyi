@@ -14,6 +14,18 @@ def gather_windows(
     rows: npt.NDArray[np.int64] | None = ...,  # const int64_t[:]
     prefetch: int = ...,  # Py_ssize_t, windows ahead; 0: none
 ) -> None: ...
+def gather_sharded(
+    anchor: npt.NDArray[np.integer],  # const token_t[::1], any shard (selects the dtype)
+    addresses: npt.NDArray[np.uint64],  # const uint64_t[::1], each shard's first token
+    shard_starts: npt.NDArray[np.int64],  # const int64_t[::1]
+    shard_ends: npt.NDArray[np.int64],  # const int64_t[::1]
+    starts: npt.NDArray[np.int64],  # const int64_t[:]
+    sources: npt.NDArray[np.int64],  # int64_t[::1], scratch
+    windows: npt.NDArray[np.int64],  # int64_t[:, ::1], shape (b, block)
+    next_tokens: npt.NDArray[np.int64] | None = ...,  # int64_t[::1], shape (b,)
+    targets: npt.NDArray[np.int64] | None = ...,  # int64_t[:, ::1], shape (b, block)
+    prefetch: int = ...,  # Py_ssize_t, windows ahead; 0: none
+) -> None: ...
 def permuted_positions(
     out: npt.NDArray[np.int64],  # int64_t[::1]
     first: int,  # int64_t

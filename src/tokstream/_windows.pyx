@@ -62,7 +62,7 @@ def gather_windows(
     ``next_tokens[row]``; with ``targets`` the window shifted by one token goes to
     ``targets[row]``; exactly one of the two is given. ``rows`` defaults to ``0, 1, 2, ...``.
     With ``prefetch=d > 0`` every cache line of window ``i + d`` is prefetched before window
-    ``i`` is copied (:func:`tokstream.corpus.prefetch_distance` chooses ``d``); 0 skips the
+    ``i`` is copied (:func:`tokstream._gather.prefetch_distance` chooses ``d``); 0 skips the
     software prefetch, for consecutive windows, which the hardware prefetcher already streams.
 
     The caller guarantees ``0 <= starts[i]`` and ``starts[i] + block < len(tokens)``, that every
@@ -101,6 +101,83 @@ def gather_windows(
             if not shifted:
                 next_tokens[row] = tokens[start + block]
 
+
+
+# Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
+@cython.embedsignature(False)
+def gather_sharded(
+    const token_t[::1] anchor,
+    const uint64_t[::1] addresses,
+    const int64_t[::1] shard_starts,
+    const int64_t[::1] shard_ends,
+    const int64_t[:] starts,
+    int64_t[::1] sources,
+    int64_t[:, ::1] windows,
+    int64_t[::1] next_tokens=None,
+    int64_t[:, ::1] targets=None,
+    Py_ssize_t prefetch=0,
+):
+    """gather_sharded(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] shard_starts, const int64_t[::1] shard_ends, const int64_t[:] starts, int64_t[::1] sources, int64_t[:, ::1] windows, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, Py_ssize_t prefetch=0)
+
+    :func:`gather_windows` over several shards in one call, row ``i`` from window ``i``.
+
+    Shard ``k`` holds the tokens ``shard_starts[k] <= g < shard_ends[k]`` of the shards laid end
+    to end (nonempty shards only, in order), its first token at address ``addresses[k]``;
+    ``anchor`` is any shard, for the dtype. ``starts`` are windows' first tokens in that
+    numbering; ``sources`` (scratch, at least ``len(starts)``) receives each window's address, so
+    that the copy loop can prefetch ``prefetch`` windows ahead.
+
+    The caller guarantees that every address points at a live array of ``token_t`` of
+    ``shard_ends[k] - shard_starts[k]`` elements, and that each window's ``block + 1`` tokens lie
+    inside one shard; the debug build checks the second.
+    """
+    cdef Py_ssize_t count = starts.shape[0]
+    cdef Py_ssize_t block = windows.shape[1]
+    cdef Py_ssize_t num_shards = shard_starts.shape[0]
+    cdef bint shifted = targets is not None
+    cdef Py_ssize_t line_tokens = max(1, _CACHE_LINE // <Py_ssize_t>sizeof(token_t))
+    cdef Py_ssize_t i, j, base, size, half
+    cdef int64_t start
+    cdef const token_t *source
+    cdef const token_t *ahead
+    for i in range(count):
+        start = starts[i]
+        # The last shard whose first token is <= start (branch-free: random windows).
+        base, size = 0, num_shards
+        while size > 1:
+            half = size >> 1
+            base = base + half if shard_starts[base + half] <= start else base
+            size -= half
+        if TOKSTREAM_DEBUG and not (
+            shard_starts[base] <= start and start + block < shard_ends[base]
+        ):
+            raise IndexError(f"window at token {start} does not lie inside one shard")
+        sources[i] = <int64_t>(
+            addresses[base] + <uint64_t>(start - shard_starts[base]) * sizeof(token_t)
+        )
+    with nogil:
+        for i in range(count):
+            if prefetch > 0 and prefetch < count - i:
+                ahead = <const token_t *><size_t>sources[i + prefetch]
+                j = 0
+                while j < block:
+                    TOKSTREAM_PREFETCH(&ahead[j])
+                    j += line_tokens
+                TOKSTREAM_PREFETCH(&ahead[block])
+            # Every window's block + 1 tokens lie in its shard (checked above in debug builds).
+            source = <const token_t *><size_t>sources[i]
+            if token_t is int64_t:
+                memcpy(&windows[i, 0], source, block * sizeof(int64_t))
+                if shifted:
+                    memcpy(&targets[i, 0], &source[1], block * sizeof(int64_t))
+            else:
+                for j in range(block):
+                    windows[i, j] = source[j]
+                if shifted:
+                    for j in range(block):
+                        targets[i, j] = source[1 + j]
+            if not shifted:
+                next_tokens[i] = source[block]
 
 # ---------------------------------------------------------------------------------------------
 # Keyed permutation of [0, n): an alternating Feistel network on a mixed-radix domain

@@ -36,11 +36,13 @@ from typing import Any
 
 import numpy as np
 
+from tokstream._gather import WindowGather
+from tokstream._options import StreamOptions
 from tokstream._order import FEISTEL_ROUNDS, WindowOrder, implicit_domain
 from tokstream._state import Cursor
-from tokstream._validate import INT64_MAX, StreamOptions
+from tokstream._validate import INT64_MAX
 from tokstream._windows import mixture_windows
-from tokstream.corpus import Corpus, WindowGather
+from tokstream.corpus import Corpus
 
 #: The integer weights of a schedule sum to at most this (plus one per source): the kernel's
 #: products stay below ``2**63``.

@@ -4,7 +4,7 @@ A shuffled stream over a memory-mapped corpus that is not in the page cache wait
 fault at a time, so it reads at a fraction of what the device serves with many reads in flight.
 A :class:`ReadAhead` works out the window indices of the next batches early (they depend only on
 their cursor) and asks the OS to start reading them (``madvise(MADV_WILLNEED)`` through
-:meth:`tokstream.corpus.WindowGather.advise`), keeping about :data:`WINDOWS_AHEAD` windows,
+:meth:`tokstream._gather.WindowGather.advise`), keeping about :data:`WINDOWS_AHEAD` windows,
 and at least one batch, in flight ahead of the batch being copied. Each batch's indices are
 computed once: the batch takes them from the read-ahead when its turn comes.
 
@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    from tokstream._gather import WindowGather
     from tokstream._order import WindowOrder
     from tokstream._state import Cursor
-    from tokstream.corpus import WindowGather
 
 #: Windows whose reads are kept in flight ahead of the batch being copied (at least one batch):
 #: enough to fill a device's queue, few enough that little is read for nothing if the stream

@@ -19,15 +19,17 @@ import numpy as np
 
 from tokstream import _advice, _batch, _state
 from tokstream._batch import Batch
+from tokstream._gather import window_space
+from tokstream._options import StreamOptions, expose_options, stream_signature
 from tokstream._order import WindowOrder
 from tokstream._state import Cursor
-from tokstream._validate import StreamOptions, stream_signature
-from tokstream.corpus import Corpus, WindowGather
+from tokstream.corpus import Corpus
 from tokstream.mixture import Mixture, MixtureOrder, stream_source
 from tokstream.prefetch import Prefetcher
 from tokstream.readahead import ReadAhead
 
 
+@expose_options
 class TokenStream(Iterator[Batch]):
     """An iterator of ``(windows, targets)`` micro-batches with a resumable cursor.
 
@@ -68,12 +70,12 @@ class TokenStream(Iterator[Batch]):
         corpus = source.corpus if isinstance(source, Mixture) else source
         self._corpus = corpus
         self._options = options
-        self._gather = _window_space(corpus, options)
+        self._gather = window_space(corpus, options)
         corpus.advise(options.shuffle)
-        if isinstance(source, Mixture):
-            self._order: WindowOrder = MixtureOrder(source, self._gather, options)
-        else:
-            self._order = WindowOrder(self._gather.num_windows, options)
+        self._order = (
+            MixtureOrder(source, self._gather, options) if isinstance(source, Mixture)
+            else WindowOrder(self._gather.num_windows, options)
+        )
         # Random windows of a memory-mapped corpus are read ahead; sequential ones are left to
         # the OS's own read-ahead (MADV_SEQUENTIAL), arrays in RAM need none.
         self._readahead = (
@@ -270,19 +272,12 @@ class TokenStream(Iterator[Batch]):
     def state_dict(self) -> dict[str, Any]:
         """The cursor as a small JSON-serialisable dict (about 5 KB, no corpus data).
 
-        ``config`` fingerprints everything that decides the global window sequence (corpus
-        shard lengths, ``block``, ``world_size * batch_size``, ``seed``, ``shuffle``,
-        ``permutation``, ``drop_last``); ``epoch`` and ``position`` (order positions consumed
-        this epoch by all ranks together) locate the cursor; ``rng_state`` is the
-        ``RandomState`` at the start of the current epoch (materialized shuffle only), from
-        which the epoch's order is drawn again. The state is global: every rank of a run holds
-        the same one, apart from the informational ``rank``, ``world_size`` and
-        ``batch_size``. ``epochs`` and ``targets`` are not part of it, so a finished run can be
-        extended with more epochs.
-
-        Loading it into a stream built with the same arguments (or, elastically, with another
-        ``world_size`` and ``batch_size`` of the same product) continues exactly where this one
-        stands, also after :meth:`close`.
+        A fingerprint of everything that decides the global window sequence, the epoch and the
+        order position (all ranks together), and the epoch's ``RandomState`` for a materialized
+        shuffle (:mod:`tokstream._state`). Loading it into a stream built with the same
+        arguments (or, elastically, another ``world_size`` and ``batch_size`` of the same
+        product) continues exactly where this one stands; ``epochs`` and ``targets`` are not
+        part of it, so a finished run can be extended.
         """
         with self._lock:
             return _state.encode(self._delivered_cursor(), dict(self._config), self._options)
@@ -317,38 +312,6 @@ class TokenStream(Iterator[Batch]):
                 self._cursor, self._closed, self._delivered = cursor, False, None
 
 
-def _window_space(corpus: Corpus, options: StreamOptions) -> WindowGather:
-    """The corpus' windows for ``options``: stride, window policy and document boundaries."""
-    if options.eos is not None:
-        info = np.iinfo(corpus.dtype)
-        if not int(info.min) <= options.eos <= int(info.max):
-            raise ValueError(
-                f"eos must be a token id of the corpus dtype {corpus.dtype} "
-                f"([{info.min}, {info.max}]), got {options.eos}"
-            )
-    boundaries = None
-    if options.windows == "within":
-        boundaries = (
-            corpus.document_boundaries if options.eos is None
-            else corpus.boundaries_with_eos(options.eos)
-        )
-    return WindowGather(
-        corpus, options.block, prefetch=options.shuffle, stride=options.stride,
-        document_boundaries=boundaries, eos=options.eos,
-    )
-
-
-def _option_property(name: str) -> property:
-    return property(
-        lambda self: getattr(self._options, name), doc=f"The validated ``{name}`` (read-only)."
-    )
-
-
-for _name in StreamOptions.__dataclass_fields__:
-    setattr(TokenStream, _name, _option_property(_name))
-del _name
-
-
 def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: Any) -> TokenStream:
     """Stream ``(windows, targets)`` micro-batches out of a token array, never stacking windows.
 
@@ -356,7 +319,8 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
     ----------
     token_ids
         A 1-D integer array (read in place, in its own dtype, when C-contiguous), an exact-integer
-        float array or sequence (converted once to int64), or a :class:`tokstream.Corpus`.
+        float array or sequence (converted once to int64), a :class:`tokstream.Corpus`, or a
+        :func:`tokstream.mix` mixture.
     block
         Context length: each window holds ``block`` tokens, followed by its target.
     batch_size
@@ -400,8 +364,10 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         ``"cross"`` (default): windows may span documents. ``"within"``: only windows whose
         ``block + 1`` tokens lie inside one document, at ``document_start + k * stride``.
     extras
-        Names from ``"position_ids"``, ``"loss_mask"``, ``"cu_seqlens"``: each batch is then a
-        dict with ``"input_ids"``, ``"labels"`` and the extras (see :mod:`tokstream._batch`).
+        ``"position_ids"``, ``"loss_mask"``, ``"cu_seqlens"``, ``"source"`` (a mixture's): each
+        batch is then a dict of ``"input_ids"``, ``"labels"`` and these (:mod:`tokstream._batch`).
+    samples
+        A mixture's samples per epoch (default: its sources' windows together).
 
     Returns
     -------

@@ -50,7 +50,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
     ) from exc
 
 from tokstream import _validate
-from tokstream._validate import stream_signature
+from tokstream._options import stream_signature
 from tokstream.mixture import stream_source
 from tokstream.stream import TokenStream
 

@@ -1,0 +1,245 @@
+"""The window index space of a corpus, and the kernel calls that copy its windows.
+
+For one ``block``, ``stride`` and window policy, :class:`WindowGather` numbers the corpus'
+windows (O(segments) memory: shards, or documents for ``windows="within"``) and fills a batch's
+buffers for a list of window indices, one kernel call per shard the batch touches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from tokstream._advice import advise_windows
+from tokstream._documents import document_positions, segment_token_starts
+from tokstream._options import StreamOptions
+from tokstream._windows import gather_sharded, gather_windows
+from tokstream.corpus import Corpus, _cumulative, _read_only, windows_per_segment
+
+#: The kernel prefetches about this many bytes of window data ahead of the window it copies,
+#: and at most this many windows ahead (see :func:`prefetch_distance`).
+PREFETCH_BYTES = 2048
+PREFETCH_MAX_WINDOWS = 32
+
+
+def prefetch_distance(block: int, dtype: np.dtype) -> int:
+    """How many windows ahead of the one it copies the kernel prefetches, for a random order.
+
+    Found by sweeping distances 0-64 over block 8-3072, int64 and uint16 corpora in and beyond
+    the last-level cache (``benchmarks/prefetch_sweep.py``): the best distance keeps about
+    ``PREFETCH_BYTES`` (32 cache lines) of window data in flight, e.g. 28 windows of 8 int64
+    tokens, 7 of 128 uint16 tokens, one of 1024 uint16 tokens. Longer windows are better off
+    without: the hardware prefetcher streams each after its first lines, and the extra
+    instructions cost up to 3x. int64 windows are copied by ``memcpy``, which keeps enough loads
+    in flight by itself beyond 3 cache lines; the widening copy of narrower dtypes gains from
+    prefetch up to 33 lines (a 2 KiB window).
+    """
+    window_bytes = (block + 1) * dtype.itemsize
+    largest = 3 * 64 if dtype == np.int64 else 33 * 64
+    if window_bytes > largest:
+        return 0
+    return max(1, min(PREFETCH_MAX_WINDOWS, PREFETCH_BYTES // window_bytes))
+
+
+class WindowGather:
+    """The window index space of a corpus for one ``block``, ``stride`` and window policy.
+
+    Windows start every ``stride`` tokens from the start of each segment, while ``start + block``
+    stays inside it: the segments are the shards (``windows="cross"``, a window may span
+    documents but never shards) or, given ``document_boundaries``, the documents
+    (``windows="within"``). Global index ``w`` is window ``w - offsets[j]`` of the segment ``j``
+    it falls in; only segments that hold a window are kept, so the space costs O(segments).
+    Every index handed to :meth:`__call__` must lie in ``[0, num_windows)``; the stream
+    guarantees it. ``prefetch`` says whether the kernel should prefetch windows ahead: worth it
+    for a random order, wasted instructions for consecutive windows.
+
+    With ``documents`` the gather also fills the rows' position ids and whether each label
+    continues its document, from the corpus' recorded documents and, given ``eos``, from the
+    tokens themselves.
+    """
+
+    def __init__(
+        self,
+        corpus: Corpus,
+        block: int,
+        prefetch: bool = True,
+        *,
+        stride: int = 1,
+        document_boundaries: np.ndarray | None = None,
+        eos: int | None = None,
+    ) -> None:
+        self.corpus = corpus
+        self.block = block
+        self.prefetch = prefetch
+        # Windows ahead the kernel prefetches (0: none).
+        self._prefetch = prefetch_distance(block, corpus.dtype) if prefetch else 0
+        # Private copies: the kernel's bounds come only from what was validated here.
+        self._shards = corpus.shards
+        self._shard_starts = corpus.shard_starts.copy()
+        if document_boundaries is None:
+            segment_starts, segment_lengths = self._shard_starts, corpus.lengths
+        else:
+            segment_starts, segment_lengths = document_boundaries[:-1], np.diff(document_boundaries)
+        counts = windows_per_segment(segment_lengths, block, stride)
+        kept = np.flatnonzero(counts)
+        self._segment_starts = _read_only(segment_starts[kept].copy())
+        self.offsets = _read_only(_cumulative(counts[kept]))
+        self.num_windows = int(self.offsets[-1])
+        self._stride = stride
+        # With a single segment a window's start is an affine function of its index.
+        one_segment = self.offsets.shape[0] == 2
+        self._one_segment_base = int(self._segment_starts[0]) if one_segment else None
+        self._bucket_shift, self._bucket_segments = _segment_buckets(self.offsets)
+        self._single = self._shards[0] if len(self._shards) == 1 else None
+        # The kernels specialised for the corpus dtype (keyed by its C type, e.g. "uint16_t"), so
+        # no batch pays the fused-type dispatch.
+        key = f"{corpus.dtype.name}_t"
+        self._kernel = gather_windows.__signatures__[key]
+        self._kernel_sharded = gather_sharded.__signatures__[key]
+        # (a shard, each nonempty shard's address, first and past-the-end token): every window
+        # lies in one nonempty shard, and the arrays live as long as ``self._shards``.
+        nonempty = np.flatnonzero(corpus.lengths)
+        self._sharded = (
+            self._shards[0],
+            _read_only(np.array([self._shards[k].ctypes.data for k in nonempty], np.uint64)),
+            _read_only(self._shard_starts[nonempty].copy()),
+            _read_only(self._shard_starts[nonempty] + corpus.lengths[nonempty]),
+        )
+        self._positions = document_positions.__signatures__[key]
+        self._advise = advise_windows.__signatures__[key]
+        self._eos = 0 if eos is None else eos
+        self._use_eos = eos is not None
+        # Each shard's recorded document starts, local to the shard, for the document kernel.
+        self._document_starts = [
+            _local_starts(corpus.document_boundaries, int(base), int(length))
+            for base, length in zip(self._shard_starts, corpus.lengths, strict=True)
+        ]
+
+    def token_starts(self, windows: np.ndarray) -> np.ndarray:
+        """The first token of each window, in the shards laid end to end."""
+        if self._one_segment_base is not None:
+            if self._stride == 1 and self._one_segment_base == 0:
+                return windows
+            return windows * self._stride + self._one_segment_base
+        starts = np.empty(windows.shape[0], np.int64)
+        segment_token_starts(
+            windows, self.offsets, self._segment_starts, self._stride, self._bucket_segments,
+            self._bucket_shift, starts,
+        )
+        return starts
+
+    def __call__(
+        self,
+        windows_index: np.ndarray,
+        windows: np.ndarray,
+        next_tokens: np.ndarray | None = None,
+        targets: np.ndarray | None = None,
+        position_ids: np.ndarray | None = None,
+        label_continues: np.ndarray | None = None,
+    ) -> None:
+        """Fill ``windows`` (and ``next_tokens`` or ``targets``) for global ``windows_index``.
+
+        With ``position_ids`` (and ``label_continues``) also the rows' document positions.
+        """
+        starts = self.token_starts(windows_index)
+        if self._single is not None:
+            # A window start s of a segment has s + block inside the segment, hence the shard.
+            self._kernel(self._single, starts, windows, next_tokens, targets, None, self._prefetch)
+            if position_ids is not None:
+                self._positions(
+                    self._single, starts, self._document_starts[0], self._eos, self._use_eos,
+                    position_ids, label_continues, None,
+                )
+            return
+        if position_ids is None:
+            # One kernel call for every shard: no grouping of rows by shard per batch.
+            sharded = self._sharded
+            sources = np.empty(starts.shape[0], np.int64)
+            self._kernel_sharded(
+                sharded[0], sharded[1], sharded[2], sharded[3], starts, sources, windows,
+                next_tokens, targets, self._prefetch,
+            )
+            return
+        for shard, group, local_starts in self._by_shard(starts):
+            tokens = self._shards[shard]
+            self._kernel(
+                tokens, local_starts, windows, next_tokens, targets, group, self._prefetch
+            )
+            if position_ids is not None:
+                self._positions(
+                    tokens, local_starts, self._document_starts[shard], self._eos,
+                    self._use_eos, position_ids, label_continues, group,
+                )
+
+    def advise(self, windows_index: np.ndarray, sample: int) -> int:
+        """Ask the OS to start reading these windows, unless a sample of them is in memory.
+
+        See :func:`tokstream._advice.advise_windows`; returns how many windows were advised (0
+        when the sampled windows were all resident, or where ``madvise`` does not exist).
+        """
+        starts = self.token_starts(windows_index)
+        span = self.block + 1
+        if self._single is not None:
+            return self._advise(self._single, starts, span, sample)
+        return sum(
+            self._advise(self._shards[shard], local_starts, span, sample)
+            for shard, _, local_starts in self._by_shard(starts)
+        )
+
+    def _by_shard(self, starts: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """``(shard, rows, starts local to the shard)`` for each shard some windows start in."""
+        shard_of = np.searchsorted(self._shard_starts, starts, side="right") - 1
+        if len(self._shards) <= 8:
+            # A pass per shard beats a sort while shards are few: 29 us against 93 (4096 rows).
+            groups = [np.flatnonzero(shard_of == shard) for shard in range(len(self._shards))]
+        else:
+            order = np.argsort(shard_of, kind="stable")
+            groups = np.split(order, np.flatnonzero(np.diff(shard_of[order])) + 1)
+        for group in groups:
+            if group.shape[0] == 0:
+                continue
+            shard = int(shard_of[group[0]])
+            yield shard, group, starts[group] - self._shard_starts[shard]
+
+
+def window_space(corpus: Corpus, options: StreamOptions) -> WindowGather:
+    """The corpus' windows for ``options``: stride, window policy and document boundaries."""
+    if options.eos is not None:
+        info = np.iinfo(corpus.dtype)
+        if not int(info.min) <= options.eos <= int(info.max):
+            raise ValueError(
+                f"eos must be a token id of the corpus dtype {corpus.dtype} "
+                f"([{info.min}, {info.max}]), got {options.eos}"
+            )
+    boundaries = None
+    if options.windows == "within":
+        boundaries = (
+            corpus.document_boundaries if options.eos is None
+            else corpus.boundaries_with_eos(options.eos)
+        )
+    return WindowGather(
+        corpus, options.block, prefetch=options.shuffle, stride=options.stride,
+        document_boundaries=boundaries, eos=options.eos,
+    )
+
+
+def _segment_buckets(offsets: np.ndarray) -> tuple[int, np.ndarray]:
+    """``(shift, segment of window b << shift for each b, then the last segment)``.
+
+    About one bucket per segment, so a window's segment is searched among the few that start
+    in its bucket: O(segments) memory, and a lookup that does not grow with their number.
+    """
+    segments, num_windows = offsets.shape[0] - 1, int(offsets[-1])
+    if segments <= 1 or num_windows == 0:
+        return 0, np.zeros(2, np.int64)
+    shift = max(0, (num_windows - 1).bit_length() - (segments - 1).bit_length())
+    firsts = np.arange(((num_windows - 1) >> shift) + 1, dtype=np.int64) << shift
+    buckets = np.searchsorted(offsets[:-1], firsts, side="right") - 1
+    return shift, _read_only(np.append(buckets, segments - 1))
+
+
+def _local_starts(boundaries: np.ndarray, base: int, length: int) -> np.ndarray:
+    """Document starts strictly inside the shard at ``base``, local to it (sorted int64)."""
+    low, high = np.searchsorted(boundaries, [base, base + length], side="right")
+    return np.ascontiguousarray(boundaries[low:high] - base)

@@ -1,0 +1,198 @@
+"""The options of a stream: every keyword, its default and its rule, defined once.
+
+:class:`StreamOptions` is built by validating a call's keywords with the rules of
+:mod:`tokstream._validate`; the signatures of :func:`tokstream.stream_token_source`,
+:class:`tokstream.TokenStream` and :class:`tokstream.torch.TokenDataset` are generated from it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+from tokstream._validate import (
+    choice,
+    exact_bool,
+    exact_int,
+    names_from,
+    nonnegative_int,
+    positive_int,
+    shown,
+    stream_controls,
+)
+
+TARGETS = ("next", "shifted")
+PERMUTATIONS = ("materialized", "implicit")
+WINDOW_POLICIES = ("cross", "within")
+DOCUMENT_EXTRAS = ("position_ids", "loss_mask", "cu_seqlens")
+MIXTURE_EXTRAS = ("source",)
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """Every option of a stream, validated once and then immutable.
+
+    The one definition of the stream's keyword arguments, their defaults and their rules: the
+    signatures of :func:`tokstream.stream_token_source`, :class:`tokstream.TokenStream` and
+    :class:`tokstream.torch.TokenDataset` are generated from it. Being frozen, nothing a caller
+    assigns later can change the sizes the kernel was promised.
+    """
+
+    block: int
+    batch_size: int
+    epochs: int = 1
+    shuffle: bool = True
+    seed: int = 0
+    targets: str = "next"
+    rank: int = 0
+    world_size: int = 1
+    drop_last: bool = False
+    permutation: str | None = None
+    prefetch: int = 0
+    reuse_buffers: int = 0
+    stride: int = 1
+    eos: int | None = None
+    windows: str = "cross"
+    extras: tuple[str, ...] = ()
+    samples: int | None = None
+
+    @classmethod
+    def create(
+        cls,
+        block: Any,
+        batch_size: Any,
+        allowed_extras: tuple[str, ...] = DOCUMENT_EXTRAS,
+        mixture: bool = False,
+        **options: Any,
+    ) -> StreamOptions:
+        """Validate ``block``, ``batch_size`` and the keyword ``options`` (unknown ones: TypeError).
+
+        ``allowed_extras`` are the ``extras`` names the token source can give; ``mixture`` says
+        the source is a :func:`tokstream.mix` mixture, which also gives ``MIXTURE_EXTRAS``,
+        takes ``samples`` and shuffles only with the implicit permutation.
+
+        The reference generator's controls are checked first and in its order, so a call both
+        paths accept or reject raises the same exception type.
+        """
+        unknown = sorted(options.keys() - KEYWORDS)
+        if unknown:
+            raise TypeError(f"got an unexpected keyword argument {unknown[0]!r}")
+        values = {**KEYWORD_DEFAULTS, **options}
+        block, batch_size, epochs, shuffle, seed = stream_controls(
+            block, batch_size, values["epochs"], values["shuffle"], values["seed"]
+        )
+        targets = choice(values["targets"], "targets", TARGETS)
+        world_size = positive_int(values["world_size"], "world_size")
+        rank = nonnegative_int(values["rank"], "rank")
+        if rank >= world_size:
+            raise ValueError(f"rank must be below world_size={world_size}, got {shown(rank)}")
+        drop_last = exact_bool(values["drop_last"], "drop_last")
+        stride = positive_int(values["stride"], "stride")
+        eos = None if values["eos"] is None else exact_int(values["eos"], "eos")
+        windows = choice(values["windows"], "windows", WINDOW_POLICIES)
+        extras = names_from(values["extras"], "extras", allowed_extras + MIXTURE_EXTRAS)
+        samples = None if values["samples"] is None else positive_int(values["samples"], "samples")
+        needs_mixture = {"samples": samples is not None, "extras 'source'": "source" in extras}
+        for what, given in needs_mixture.items():
+            if given and not mixture:
+                raise ValueError(f"{what} needs a tokstream.mix() mixture as token_ids")
+        permutation = values["permutation"]
+        if permutation is None:
+            # The reference generator's order wherever its windows are the ones streamed; an
+            # order with no O(windows) array everywhere else.
+            reference_windows = stride == 1 and eos is None and windows == "cross"
+            permutation = "materialized" if reference_windows and not mixture else "implicit"
+        permutation = choice(permutation, "permutation", PERMUTATIONS)
+        if mixture and permutation == "materialized":
+            raise ValueError(
+                "permutation='materialized' is not available for a mixture: its sources are "
+                "shuffled by the implicit permutation (permutation='implicit' or None)"
+            )
+        prefetch = nonnegative_int(values["prefetch"], "prefetch")
+        reuse_buffers = nonnegative_int(values["reuse_buffers"], "reuse_buffers")
+        return cls(
+            block=block,
+            batch_size=batch_size,
+            epochs=epochs,
+            shuffle=shuffle,
+            seed=seed,
+            targets=targets,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+            permutation=permutation,
+            prefetch=prefetch,
+            reuse_buffers=reuse_buffers,
+            stride=stride,
+            eos=eos,
+            windows=windows,
+            extras=extras,
+            samples=samples,
+        )
+
+    @property
+    def ring_size(self) -> int:
+        """Batch buffers a ``reuse_buffers`` stream cycles through (0: fresh batches).
+
+        With ``prefetch=p`` up to ``p`` batches wait in the queue and one is being assembled
+        while the caller holds its last ``reuse_buffers``, so ``p + 1`` more buffers keep every
+        held batch intact until the caller has received ``reuse_buffers`` more.
+        """
+        if not self.reuse_buffers:
+            return 0
+        return self.reuse_buffers + (self.prefetch + 1 if self.prefetch else 0)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Windows per global step, all ranks together: what an elastic resume must keep."""
+        return self.world_size * self.batch_size
+
+
+KEYWORD_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in fields(StreamOptions) if f.default is not MISSING
+}
+KEYWORDS = frozenset(KEYWORD_DEFAULTS)
+
+
+def stream_signature(
+    *leading: str, defaults: dict[str, Any] | None = None, **extra_keywords: Any
+) -> inspect.Signature:
+    """``(leading..., block, batch_size, *, <every stream keyword>)`` for ``__signature__``.
+
+    ``defaults`` overrides a keyword's default where an entry point has its own (the torch
+    adapter takes ``rank`` and ``world_size`` from the process group when they are None);
+    ``extra_keywords`` (name=default) are an entry point's own keywords beyond the stream's.
+    """
+    defaults = {**KEYWORD_DEFAULTS, **(defaults or {})}
+    types = {f.name: f.type for f in fields(StreamOptions)}
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    leading_parameters = [
+        inspect.Parameter(name, positional, annotation="Any") if name != "self"
+        else inspect.Parameter(name, positional)
+        for name in leading
+    ]
+    return inspect.Signature(
+        leading_parameters
+        + [inspect.Parameter(n, positional, annotation="int") for n in ("block", "batch_size")]
+        + [
+            inspect.Parameter(name, keyword, default=defaults[name], annotation=types[name])
+            for name in KEYWORD_DEFAULTS
+        ]
+        + [inspect.Parameter(n, keyword, default=d) for n, d in extra_keywords.items()]
+    )
+
+
+def expose_options(cls: type) -> type:
+    """Give ``cls`` a read-only property per option, read from its ``_options``.
+
+    Read-only because the kernel's buffers and bounds were sized from these values.
+    """
+    for name in KEYWORD_DEFAULTS.keys() | {"block", "batch_size"}:
+        prop = property(
+            lambda self, name=name: getattr(self._options, name),
+            doc=f"The validated ``{name}`` (read-only).",
+        )
+        setattr(cls, name, prop)
+    return cls
