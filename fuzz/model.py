@@ -504,10 +504,11 @@ def _arrow_read(data: bytes) -> np.ndarray | None:
             batches = list(reader)
         for batch in batches:
             batch.validate(full=True)
+        schema = reader.schema
+        names = schema.names  # undecodable field names raise here
     except Exception:
         return None
-    schema = reader.schema
-    if len(batches) > 1 or "input_ids" not in schema.names:
+    if len(batches) > 1 or "input_ids" not in names:
         return None
     kind = schema.field("input_ids").type
     if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):

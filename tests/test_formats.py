@@ -492,3 +492,17 @@ def test_every_format_converts_to_every_other_keeping_documents(tmp_path, source
     assert np.concatenate(again.shards).tolist() == sum(DOCS, [])
     if source in DOCUMENT_FORMATS and target in DOCUMENT_FORMATS:
         assert documents_of(again) == DOCS
+
+
+def test_an_arrow_stream_whose_field_name_is_not_utf8_is_a_value_error_naming_the_file(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    sink = pa.BufferOutputStream()
+    batch = pa.record_batch([pa.array([[1, 2]], pa.list_(pa.uint16()))], names=["tokens"])
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    data = sink.getvalue().to_pybytes().replace(b"tokens", b"\x80okens")
+    path = tmp_path / "data-00000-of-00001.arrow"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match="data-00000-of-00001.arrow") as caught:
+        open_tokens(path, format="arrow")
+    assert type(caught.value) is ValueError

@@ -66,7 +66,9 @@ def read_file(path: Path, column: str) -> list[Shard]:
                 batches = list(reader)
             for batch in batches:
                 batch.validate()
-    except (pa.ArrowException, OSError) as exc:
+            schema = reader.schema
+            schema.names  # noqa: B018 - field names that are not UTF-8 raise here, not later
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
         raise ValueError(
             f"{where}: unreadable Arrow data ({exc}); if it holds raw tokens, pass format='bin'"
         ) from None
@@ -81,7 +83,7 @@ def read_file(path: Path, column: str) -> list[Shard]:
             )
         return map_tokens(path, dtype, start, count)
 
-    return _batches_to_shards(reader.schema, batches, column, where, locate)
+    return _batches_to_shards(schema, batches, column, where, locate)
 
 
 def read_directory(path: Path, column: str) -> list[Shard]:
