@@ -73,8 +73,10 @@ def cmd_tracemalloc(args: argparse.Namespace) -> None:
     _, fast_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     buffers = 2 * batch * (block + 1) * 8
-    print(f"tokstream, {batches} batches (whole epoch): peak {fast_peak / MB:.2f} MiB "
-          f"(batch buffers {buffers / MB:.2f} MiB, beyond them {(fast_peak - buffers) / MB:.2f})")
+    print(
+        f"tokstream, {batches} batches (whole epoch): peak {fast_peak / MB:.2f} MiB "
+        f"(batch buffers {buffers / MB:.2f} MiB, beyond them {(fast_peak - buffers) / MB:.2f})"
+    )
 
     tracemalloc.start()
     mapped = open_tokens(path).shards[0]
@@ -83,8 +85,10 @@ def cmd_tracemalloc(args: argparse.Namespace) -> None:
         pass
     _, ref_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    print(f"reference, first {args.reference_batches} batches: peak {ref_peak / MB:.2f} MiB "
-          f"({ref_peak / max(fast_peak, 1):.0f}x)")
+    print(
+        f"reference, first {args.reference_batches} batches: peak {ref_peak / MB:.2f} MiB "
+        f"({ref_peak / max(fast_peak, 1):.0f}x)"
+    )
 
 
 def cmd_rss(args: argparse.Namespace) -> None:
@@ -94,17 +98,20 @@ def cmd_rss(args: argparse.Namespace) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
     corpus = open_tokens(path)
-    stream = stream_token_source(corpus, args.block, args.batch_size, shuffle=True, seed=0,
-                                 permutation=args.permutation)
+    stream = stream_token_source(
+        corpus, args.block, args.batch_size, shuffle=True, seed=0, permutation=args.permutation
+    )
     maps = list(corpus.memory_maps())
     if args.advice == "normal":
         for m in maps:
             m.madvise(mmap.MADV_NORMAL)
     io0 = proc_fields("/proc/self/io", "read_bytes")["read_bytes"]
     marks = sorted({int(args.batches * f) for f in (0.01, 0.05, 0.1, 0.25, 0.5, 1.0)})
-    print(f"file {path.stat().st_size / MB:.0f} MiB, block {args.block}, batch "
-          f"{args.batch_size}, advice {args.advice}, cold={args.cold}, drop_every="
-          f"{args.drop_every}, permutation={args.permutation}")
+    print(
+        f"file {path.stat().st_size / MB:.0f} MiB, block {args.block}, batch "
+        f"{args.batch_size}, advice {args.advice}, cold={args.cold}, drop_every="
+        f"{args.drop_every}, permutation={args.permutation}"
+    )
     print(f"{'batches':>8} {'RssAnon MiB':>12} {'RssFile MiB':>12} {'read MiB':>9} {'s':>6}")
     started = time.perf_counter()
     done = 0
@@ -117,8 +124,10 @@ def cmd_rss(args: argparse.Namespace) -> None:
                     m.madvise(mmap.MADV_DONTNEED)
         status = proc_fields("/proc/self/status", "RssAnon", "RssFile")
         read = proc_fields("/proc/self/io", "read_bytes")["read_bytes"] - io0
-        print(f"{done:>8} {status['RssAnon'] / 1024:>12.1f} {status['RssFile'] / 1024:>12.1f} "
-              f"{read / MB:>9.1f} {time.perf_counter() - started:>6.1f}")
+        print(
+            f"{done:>8} {status['RssAnon'] / 1024:>12.1f} {status['RssFile'] / 1024:>12.1f} "
+            f"{read / MB:>9.1f} {time.perf_counter() - started:>6.1f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from benchmarks.mixture_ratio import token_sources
-from tokstream import baselines, bench, stream_token_source
+from tokstream import bench, stream_token_source
 from tokstream._state import Cursor
 
 SHAPES = list(bench.SHAPES)
@@ -38,13 +38,13 @@ def test_mixture_throughput(benchmark, settings, corpus_uint16, shape, way) -> N
         check_first_mixture_batch(token_ids, block, batch_size, settings.seed)
     benchmark.group = f"mixture uint16 shuffled block={block} batch={batch_size}"
     needed = 1 + settings.rounds * settings.batches
-    epochs = baselines.epochs_for(corpus_uint16.shape[0], block, batch_size, needed)
+    epochs = bench.epochs_for(corpus_uint16.shape[0], block, batch_size, needed)
     batches = stream_token_source(
         token_ids, block, batch_size, epochs=epochs, seed=settings.seed, permutation="implicit"
     )
     next(batches)
     windows_per_round = benchmark.pedantic(
-        baselines.consume, args=(batches, settings.batches), rounds=settings.rounds, iterations=1
+        bench.consume, args=(batches, settings.batches), rounds=settings.rounds, iterations=1
     )
     benchmark.extra_info["units_per_round"] = windows_per_round * block
     benchmark.extra_info["unit"] = "Mtok/s"

@@ -46,8 +46,9 @@ def test_memmap_against_ram(benchmark, sources, source, block, batch_size, shuff
             sources[source], block, batch_size, epochs=10, shuffle=shuffle, seed=0
         )
 
-    checked, baseline = stream(), stream_token_source(
-        sources["int64 in RAM"], block, batch_size, shuffle=shuffle, seed=0
+    checked, baseline = (
+        stream(),
+        stream_token_source(sources["int64 in RAM"], block, batch_size, shuffle=shuffle, seed=0),
     )
     for _ in range(3):
         (w, t), (bw, bt) = next(checked), next(baseline)

@@ -48,7 +48,7 @@ def test_throughput(benchmark, settings, corpora, results, shape, dtype, shuffle
     group = _group(dtype, shuffle, block, batch_size)
     benchmark.group = group
     needed = 1 + settings.rounds * settings.batches
-    epochs = baselines.epochs_for(ids.shape[0], block, batch_size, needed)
+    epochs = bench.epochs_for(ids.shape[0], block, batch_size, needed)
     batches = baselines.PATHS[path](
         ids, block, batch_size, epochs=epochs, shuffle=shuffle, seed=settings.seed
     )
@@ -58,7 +58,7 @@ def test_throughput(benchmark, settings, corpora, results, shape, dtype, shuffle
     del first
 
     windows_per_round = benchmark.pedantic(
-        baselines.consume, args=(batches, settings.batches), rounds=settings.rounds, iterations=1
+        bench.consume, args=(batches, settings.batches), rounds=settings.rounds, iterations=1
     )
     per_window = 1 if path == "gather_limit" else block
     unit = "Mwindows/s" if path == "gather_limit" else "Mtok/s"

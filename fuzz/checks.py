@@ -66,9 +66,7 @@ def assert_batches_equal(got, expected, what: str, held: int = 1) -> int:
         for j, held_batch, held_want in holding:
             for array, want in zip(held_batch, held_want, strict=True):
                 assert array.dtype == np.int64 and array.flags.c_contiguous, f"{what} batch {j}"
-                assert array.shape == want.shape, (
-                    f"{what} batch {j}: {array.shape} != {want.shape}"
-                )
+                assert array.shape == want.shape, f"{what} batch {j}: {array.shape} != {want.shape}"
                 assert np.array_equal(array, want), f"{what} batch {j} differs at batch {i}"
         count += 1
     return count
@@ -375,7 +373,9 @@ def check_lifecycle(tokens, kwargs, steps: int, event: str, directory) -> str:
             _check_in_a_forked_child(stream, list(itertools.islice(rest, 5)))
             rest = itertools.islice(model_batches(shards, controls), steps, steps + MAX_BATCHES)
         assert_batches_equal(
-            itertools.islice(stream, MAX_BATCHES), rest, f"after {event}",
+            itertools.islice(stream, MAX_BATCHES),
+            rest,
+            f"after {event}",
             held=controls["reuse_buffers"],
         )
     finally:

@@ -171,9 +171,7 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
     # None picks the reference's order where its windows are streamed, as always here (the
     # harness passes no stride, eos, window policy or mixture).
     permutation = "materialized" if args["permutation"] is None else args["permutation"]
-    controls["permutation"] = model_choice(
-        permutation, "permutation", ("materialized", "implicit")
-    )
+    controls["permutation"] = model_choice(permutation, "permutation", ("materialized", "implicit"))
     # A background thread assembling batches ahead changes nothing about them.
     controls["prefetch"] = model_ranged(args["prefetch"], "prefetch", 0)
     # Nor does a ring of reused buffers, but for when a batch is overwritten: never before the

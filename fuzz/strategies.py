@@ -482,8 +482,13 @@ def megatron_files(draw, pristine: bool) -> tuple[bytes, str, dict[str, bytes]]:
     starts = [0, *documents, len(lengths)]
     pointers = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) * dtype.itemsize
     fields = {
-        "version": 1, "code": code, "sequences": len(lengths), "documents": len(starts),
-        "lengths": lengths, "pointers": pointers.tolist(), "starts": starts,
+        "version": 1,
+        "code": code,
+        "sequences": len(lengths),
+        "documents": len(starts),
+        "lengths": lengths,
+        "pointers": pointers.tolist(),
+        "starts": starts,
     }
     if not pristine:
         name = draw(st.sampled_from(sorted(fields)))

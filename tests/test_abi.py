@@ -31,12 +31,15 @@ def digest(batches) -> str:
 @pytest.mark.parametrize(
     ("options", "expected"),
     [
-        ({"shuffle": True, "seed": 0, "epochs": 2},
-         "76f473d866e8062e5d031711e322c19c78e5451ce81ad9133bf190c6cd84a73c"),
-        ({"shuffle": True, "seed": 2**32 - 1},
-         "a016b233687b68e4980317f1060a8e861872444ff5574b236709eabf5a04aea0"),
-        ({"shuffle": False},
-         "ce2794c96bcde2ffd2df93e8776072286b6ac049da850223552494fbafee35e2"),
+        (
+            {"shuffle": True, "seed": 0, "epochs": 2},
+            "76f473d866e8062e5d031711e322c19c78e5451ce81ad9133bf190c6cd84a73c",
+        ),
+        (
+            {"shuffle": True, "seed": 2**32 - 1},
+            "a016b233687b68e4980317f1060a8e861872444ff5574b236709eabf5a04aea0",
+        ),
+        ({"shuffle": False}, "ce2794c96bcde2ffd2df93e8776072286b6ac049da850223552494fbafee35e2"),
     ],
 )
 def test_spec_batches_are_the_same_bytes_under_every_numpy(options, expected):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream import baselines
+from tokstream import baselines, bench
 
 NUMPY_LOADERS = ["reference", "best_numpy", "fast", "fast_reuse", "c_loop"]
 
@@ -171,18 +171,18 @@ def test_paths_draw_their_order_lazily(monkeypatch):
 
 
 def test_epochs_for_holds_enough_batches():
-    assert baselines.epochs_for(108, 8, 10, 10) == 1
-    assert baselines.epochs_for(108, 8, 10, 11) == 2
-    assert baselines.epochs_for(10_000, 8, 10, 1) == 1
+    assert bench.epochs_for(108, 8, 10, 10) == 1
+    assert bench.epochs_for(108, 8, 10, 11) == 2
+    assert bench.epochs_for(10_000, 8, 10, 1) == 1
     with pytest.raises(ValueError, match="block=8"):
-        baselines.epochs_for(8, 8, 10, 1)
+        bench.epochs_for(8, 8, 10, 1)
 
 
 def test_consume_counts_windows_and_stops_early():
     batches = iter([(np.zeros((3, 2)),), (np.zeros((5, 2)),), (np.zeros((1, 2)),)])
-    assert baselines.consume(batches, 2) == 8
-    assert baselines.consume(batches, 10) == 1
-    assert baselines.consume(batches, 10) == 0
+    assert bench.consume(batches, 2) == 8
+    assert bench.consume(batches, 10) == 1
+    assert bench.consume(batches, 10) == 0
 
 
 def _first_batches(block: int = 4, batch_size: int = 8) -> dict:

@@ -56,7 +56,9 @@ def test_python_dash_m_runs_the_command_line():
 def test_python_dash_m_passes_the_exit_code_through():
     done = subprocess.run(
         [sys.executable, "-m", "tokstream", "bench", "--rounds", "0"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2
     assert "--rounds" in done.stderr and "Traceback" not in done.stderr
@@ -189,8 +191,14 @@ def test_bench_json_holds_every_round_and_consistent_ratios():
         assert ratios["fast_reuse/copy_limit"] == pytest.approx(
             case["paths"]["fast_reuse"]["median"] / case["paths"]["copy_limit"]["median"]
         )
-        expected_ratios = {"fast/reference", "fast/best_numpy", "fast/copy_limit",
-                           "fast_reuse/copy_limit", "fast/gather_limit", "fast/c_loop"}
+        expected_ratios = {
+            "fast/reference",
+            "fast/best_numpy",
+            "fast/copy_limit",
+            "fast_reuse/copy_limit",
+            "fast/gather_limit",
+            "fast/c_loop",
+        }
         if baselines.torch_available():
             expected_ratios.add("fast/nanogpt")
         assert set(ratios) == expected_ratios
@@ -199,7 +207,10 @@ def test_bench_json_holds_every_round_and_consistent_ratios():
 def test_bench_sequential_order_dtypes_and_chosen_paths():
     report = bench_json("--no-shuffle", "--dtype", "int64,uint16", "--paths", "reference")
     assert [(c["dtype"], c["block"]) for c in report["cases"]] == [
-        ("int64", 4), ("int64", 16), ("uint16", 4), ("uint16", 16)
+        ("int64", 4),
+        ("int64", 16),
+        ("uint16", 4),
+        ("uint16", 16),
     ]
     for case in report["cases"]:
         assert case["shuffle"] is False
@@ -298,8 +309,19 @@ def test_bench_on_a_token_file(tmp_path):
     path = tmp_path / "tokens.npy"
     files.write_tokens(path, np.arange(3000, dtype=np.uint16) % 50257, format="npy")
     code, out, err = run(
-        "bench", "--file", str(path), "--block", "4", "--batch-size", "32", "--batches", "2",
-        "--paths", "best_numpy", "--json", "--quiet",
+        "bench",
+        "--file",
+        str(path),
+        "--block",
+        "4",
+        "--batch-size",
+        "32",
+        "--batches",
+        "2",
+        "--paths",
+        "best_numpy",
+        "--json",
+        "--quiet",
     )
     assert code == 0, err
     report = json.loads(out)
@@ -333,7 +355,13 @@ def test_inspect_reports_format_dtype_count_range_and_windows(token_files):
     assert code == 0, err
     header, _, *rows = out.splitlines()
     assert [c.strip() for c in header.split("|")[1:-1]] == [
-        "file", "format", "dtype", "tokens", "min id", "max id", "windows (block 1000)",
+        "file",
+        "format",
+        "dtype",
+        "tokens",
+        "min id",
+        "max id",
+        "windows (block 1000)",
     ]
     cells = [[c.strip() for c in row.split("|")[1:-1]] for row in rows]
     assert [c[1:] for c in cells[:3]] == [
@@ -350,8 +378,14 @@ def test_inspect_json_and_raw_dtype(tmp_path, token_files):
     assert code == 0, err
     (summary,) = json.loads(out)
     assert summary == {
-        "path": str(paths["bin"]), "format": "bin", "dtype": "uint16", "tokens": 5000,
-        "min_id": 3, "max_id": 50256, "windows": 4992, "bytes": 10000,
+        "path": str(paths["bin"]),
+        "format": "bin",
+        "dtype": "uint16",
+        "tokens": 5000,
+        "min_id": 3,
+        "max_id": 50256,
+        "windows": 4992,
+        "bytes": 10000,
     }
     # The same bytes read as uint32: half as many tokens, other values.
     code, out, _ = run("inspect", str(paths["bin"]), "--dtype", "uint32", "--json")
@@ -377,8 +411,14 @@ def test_inspect_an_empty_file(tmp_path):
     code, out, err = run("inspect", str(path), "--json")
     assert code == 0, err
     assert json.loads(out)[0] | {"path": None} == {
-        "path": None, "format": "npy", "dtype": "uint16", "tokens": 0, "min_id": None,
-        "max_id": None, "windows": 0, "bytes": path.stat().st_size,
+        "path": None,
+        "format": "npy",
+        "dtype": "uint16",
+        "tokens": 0,
+        "min_id": None,
+        "max_id": None,
+        "windows": 0,
+        "bytes": path.stat().st_size,
     }
 
 
@@ -480,8 +520,9 @@ def test_convert_raw_input_dtype(tmp_path):
 def test_convert_to_llmc_refuses_ids_beyond_uint32(tmp_path):
     from tokstream import files
 
-    wide = files.write_tokens(tmp_path / "wide.npy", np.array([1, 2**32]), format="npy",
-                              dtype="int64")
+    wide = files.write_tokens(
+        tmp_path / "wide.npy", np.array([1, 2**32]), format="npy", dtype="int64"
+    )
     code, out, err = run("convert", str(wide), str(tmp_path / "s.bin"), "--format", "llmc")
     assert code == 1 and out == ""
     assert err.startswith("tokstream convert: error: ") and "neither uint16 nor uint32" in err

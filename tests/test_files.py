@@ -239,80 +239,131 @@ def _npy_bytes(ids) -> bytes:
 BAD_FILES = {
     # name: (file name, bytes or writer, open_tokens kwargs, what the message says)
     "llmc bad magic": (
-        "shard.bin", lambda p: write_llmc_bytes(p, [20240519, 1, 3], [1, 2, 3]),
-        {"format": "llmc"}, "bad magic",
+        "shard.bin",
+        lambda p: write_llmc_bytes(p, [20240519, 1, 3], [1, 2, 3]),
+        {"format": "llmc"},
+        "bad magic",
     ),
     "llmc unknown version": (
-        "shard.bin", lambda p: write_llmc_bytes(p, [LLMC_MAGIC, 2, 3], [1, 2, 3]),
-        {}, "unknown llm.c version 2",
+        "shard.bin",
+        lambda p: write_llmc_bytes(p, [LLMC_MAGIC, 2, 3], [1, 2, 3]),
+        {},
+        "unknown llm.c version 2",
     ),
     "llmc truncated header": (
-        "shard.bin", lambda p: write_llmc_bytes(p, [LLMC_MAGIC, 1, 0], header_ints=100),
-        {}, "truncated llm.c header",
+        "shard.bin",
+        lambda p: write_llmc_bytes(p, [LLMC_MAGIC, 1, 0], header_ints=100),
+        {},
+        "truncated llm.c header",
     ),
     "llmc truncated tokens": (
-        "shard.bin", lambda p: write_llmc_bytes(p, [LLMC_MAGIC, 1, 100], range(50)),
-        {}, "truncated",
+        "shard.bin",
+        lambda p: write_llmc_bytes(p, [LLMC_MAGIC, 1, 100], range(50)),
+        {},
+        "truncated",
     ),
     "llmc count mismatch": (
-        "shard.bin", lambda p: write_llmc_bytes(p, [LLMC_MAGIC, 1, 10], range(20)),
-        {}, "count mismatch",
+        "shard.bin",
+        lambda p: write_llmc_bytes(p, [LLMC_MAGIC, 1, 10], range(20)),
+        {},
+        "count mismatch",
     ),
     "llmc odd byte after tokens": (
-        "shard.bin", lambda p: p.write_bytes(write_llmc_bytes(p, [LLMC_MAGIC, 1, 2], [7, 8])
-                                             .read_bytes() + b"\0"),
-        {}, "count mismatch",
+        "shard.bin",
+        lambda p: p.write_bytes(
+            write_llmc_bytes(p, [LLMC_MAGIC, 1, 2], [7, 8]).read_bytes() + b"\0"
+        ),
+        {},
+        "count mismatch",
     ),
     "llmc negative count": (
-        "shard.bin", lambda p: write_llmc_bytes(p, [LLMC_MAGIC, 1, -5]),
-        {}, "negative token count",
+        "shard.bin",
+        lambda p: write_llmc_bytes(p, [LLMC_MAGIC, 1, -5]),
+        {},
+        "negative token count",
     ),
     "llmc version 1 under the llama-3 magic": (
-        "shard.bin", lambda p: write_llmc_bytes(p, [20240801, 1, 0]),
-        {}, "unknown llm.c version 1 for magic 20240801",
+        "shard.bin",
+        lambda p: write_llmc_bytes(p, [20240801, 1, 0]),
+        {},
+        "unknown llm.c version 1 for magic 20240801",
     ),
     "llmc asked of a wrong dtype": (
-        "shard.bin", lambda p: write_llmc_bytes(p, [LLMC_MAGIC, 1, 2], [7, 8]),
-        {"dtype": np.uint32}, "dtype=uint32",
+        "shard.bin",
+        lambda p: write_llmc_bytes(p, [LLMC_MAGIC, 1, 2], [7, 8]),
+        {"dtype": np.uint32},
+        "dtype=uint32",
     ),
     "npy truncated": (
-        "t.npy", lambda p: p.write_bytes(_npy_bytes(np.arange(100, dtype=np.uint16))[:-10]),
-        {}, "truncated",
+        "t.npy",
+        lambda p: p.write_bytes(_npy_bytes(np.arange(100, dtype=np.uint16))[:-10]),
+        {},
+        "truncated",
     ),
     "npy trailing bytes": (
-        "t.npy", lambda p: p.write_bytes(_npy_bytes(np.arange(100, dtype=np.uint16)) + b"xx"),
-        {}, "count mismatch",
+        "t.npy",
+        lambda p: p.write_bytes(_npy_bytes(np.arange(100, dtype=np.uint16)) + b"xx"),
+        {},
+        "count mismatch",
     ),
     "npy bad magic": ("t.npy", lambda p: p.write_bytes(b"\x93NUMPI" + bytes(100)), {}, "bad magic"),
     "npy corrupt header": (
-        "t.npy", lambda p: p.write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': 'garb\n" + bytes(8)),
-        {}, "unreadable .npy header",
+        "t.npy",
+        lambda p: p.write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': 'garb\n" + bytes(8)),
+        {},
+        "unreadable .npy header",
     ),
     "npy unknown version": (
-        "t.npy", lambda p: p.write_bytes(b"\x93NUMPY\x07\x00" + bytes(100)),
-        {}, "unreadable .npy header",
+        "t.npy",
+        lambda p: p.write_bytes(b"\x93NUMPY\x07\x00" + bytes(100)),
+        {},
+        "unreadable .npy header",
     ),
     "npy 2-D": ("t.npy", lambda p: np.save(p, np.zeros((3, 4), np.uint16)), {}, "1-D"),
     "npy floats": ("t.npy", lambda p: np.save(p, np.zeros(4)), {}, "must hold integers"),
     "npy of another dtype than asked": (
-        "t.npy", lambda p: np.save(p, np.zeros(4, np.uint16)), {"dtype": "int32"}, "dtype=int32",
+        "t.npy",
+        lambda p: np.save(p, np.zeros(4, np.uint16)),
+        {"dtype": "int32"},
+        "dtype=int32",
     ),
     "npy uint64 beyond int64": (
-        "t.npy", lambda p: np.save(p, np.array([1, 2**63], dtype=np.uint64)), {}, "int64 range",
+        "t.npy",
+        lambda p: np.save(p, np.array([1, 2**63], dtype=np.uint64)),
+        {},
+        "int64 range",
     ),
-    "raw size not a multiple of uint16": ("t.bin", lambda p: p.write_bytes(b"abc"), {},
-                                          "not a multiple of uint16"),
+    "raw size not a multiple of uint16": (
+        "t.bin",
+        lambda p: p.write_bytes(b"abc"),
+        {},
+        "not a multiple of uint16",
+    ),
     "raw size not a multiple of uint32": (
-        "t.bin", lambda p: p.write_bytes(bytes(10)), {"dtype": np.uint32},
+        "t.bin",
+        lambda p: p.write_bytes(bytes(10)),
+        {"dtype": np.uint32},
         "not a multiple of uint32",
     ),
-    "raw asked to be npy": ("t.bin", lambda p: p.write_bytes(bytes(10)), {"format": "npy"},
-                            "bad magic"),
+    "raw asked to be npy": (
+        "t.bin",
+        lambda p: p.write_bytes(bytes(10)),
+        {"format": "npy"},
+        "bad magic",
+    ),
     "a directory": ("data", lambda p: p.mkdir(), {}, "is a directory"),
-    "npy shape (True,)": ("t.npy", lambda p: _npy_with_shape(p, (True,), 2), {},
-                          "unreadable .npy header"),
-    "npy shape (False,)": ("t.npy", lambda p: _npy_with_shape(p, (False,), 0), {},
-                           "unreadable .npy header"),
+    "npy shape (True,)": (
+        "t.npy",
+        lambda p: _npy_with_shape(p, (True,), 2),
+        {},
+        "unreadable .npy header",
+    ),
+    "npy shape (False,)": (
+        "t.npy",
+        lambda p: _npy_with_shape(p, (False,), 0),
+        {},
+        "unreadable .npy header",
+    ),
 }
 
 
@@ -347,8 +398,12 @@ def test_a_bad_shard_among_good_ones_is_named(tmp_path):
 
 def test_a_missing_file_is_file_not_found_naming_it(tmp_path):
     missing = tmp_path / "nope.bin"
-    for call in (lambda: open_tokens(missing), lambda: detect_format(missing),
-                 lambda: open_tokens([missing]), lambda: open_tokens(missing, format="bin")):
+    for call in (
+        lambda: open_tokens(missing),
+        lambda: detect_format(missing),
+        lambda: open_tokens([missing]),
+        lambda: open_tokens(missing, format="bin"),
+    ):
         with pytest.raises(FileNotFoundError) as raised:
             call()
         assert raised.value.filename == str(missing)
@@ -416,8 +471,9 @@ def test_write_tokens_rejects_ids_that_do_not_fit_and_bad_arguments(
 
 def test_write_tokens_stores_negative_ids_with_an_explicit_signed_dtype(tmp_path):
     ids = np.array([-5, 0, 7])
-    assert open_tokens(write_tokens(tmp_path / "s.npy", ids, dtype=np.int16)).shards[0].tolist() \
-        == [-5, 0, 7]
+    assert open_tokens(write_tokens(tmp_path / "s.npy", ids, dtype=np.int16)).shards[
+        0
+    ].tolist() == [-5, 0, 7]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -461,8 +517,9 @@ def test_sharded_files_from_a_glob_stream_like_the_oracle(tmp_path, shuffle):
     shards = [np.random.default_rng(j).integers(0, 50257, n) for j, n in enumerate(lengths)]
     for j, shard in enumerate(shards):
         format = FORMATS[j % 3]
-        write_tokens(tmp_path / f"shard_{j:02d}.{'npy' if format == 'npy' else 'bin'}", shard,
-                     format=format)
+        write_tokens(
+            tmp_path / f"shard_{j:02d}.{'npy' if format == 'npy' else 'bin'}", shard, format=format
+        )
     corpus = open_tokens(tmp_path / "shard_*")
     assert corpus.lengths.tolist() == lengths
     assert corpus.num_windows(4) == 26 + 13 + 21
@@ -548,8 +605,9 @@ def test_read_only_arrays_of_every_dtype_stream_in_place_like_the_reference(
     assert stream.corpus.shards[0] is ids
     assert_same_batches(
         batches(stream),
-        batches(ref.stream_token_source(ids, block, batch_size, epochs=2, shuffle=shuffle,
-                                        seed=seed)),
+        batches(
+            ref.stream_token_source(ids, block, batch_size, epochs=2, shuffle=shuffle, seed=seed)
+        ),
     )
 
 
@@ -588,7 +646,9 @@ def test_thousands_of_shards_open_and_stream_under_ulimit_n_1024_holding_no_desc
     expected_windows = sum(j % 7 + 1 for j in range(shards))
     result = subprocess.run(
         [sys.executable, "-c", OPEN_UNDER_LOW_ULIMIT, str(tmp_path), "1024"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [str(shards), "0", str(expected_windows), str(shards)]

@@ -45,8 +45,7 @@ def test_a_stream_rewound_edited_pickled_or_forked_mid_run_keeps_yielding_the_mo
 
 @QUICK
 @given(token_file=strategies.token_files())
-def test_any_token_file_opens_to_exactly_its_tokens_or_a_clear_error(tmp_path_factory,
-                                                                    token_file):
+def test_any_token_file_opens_to_exactly_its_tokens_or_a_clear_error(tmp_path_factory, token_file):
     guarded(checks.check_token_file, tmp_path_factory.mktemp("file"), token_file)
 
 
@@ -60,16 +59,18 @@ def test_the_command_line_reads_any_token_file_exactly_or_fails_with_one_clear_l
 
 def test_the_model_agrees_with_the_reference_and_the_fast_path_on_a_known_call():
     # The harness' own oracle, checked once against a hand-computed batch.
-    shards, controls = model.model_call(np.arange(10, 16), {"block": 3, "batch_size": 2,
-                                                              "shuffle": False})
+    shards, controls = model.model_call(
+        np.arange(10, 16), {"block": 3, "batch_size": 2, "shuffle": False}
+    )
     windows, next_tokens = next(model.model_batches(shards, controls))
     assert windows.tolist() == [[10, 11, 12], [11, 12, 13]] and next_tokens.tolist() == [13, 14]
 
 
 def test_the_implicit_permutation_model_matches_the_kernel_on_every_small_size():
     for n in range(1, 300):
-        stream = stream_token_source(np.arange(n + 1), 1, n, shuffle=True, seed=n,
-                                     permutation="implicit")
+        stream = stream_token_source(
+            np.arange(n + 1), 1, n, shuffle=True, seed=n, permutation="implicit"
+        )
         windows, _ = next(stream)
         order = model.implicit_order(n, n, 0)
         assert windows[:, 0].tolist() == [order(p) for p in range(n)]
@@ -121,8 +122,10 @@ def test_an_rng_key_with_whitespace_is_a_value_error_not_an_index_error(key):
     state["rng_state"]["key"] = key
     with pytest.raises(ValueError, match=r"state\['rng_state'\]\['key'\]"):
         stream.load_state_dict(state)
-    assert next(stream)[0].tolist() == next(stream_token_source(np.arange(100), 4, 8, seed=1))[
-        0].tolist()
+    assert (
+        next(stream)[0].tolist()
+        == next(stream_token_source(np.arange(100), 4, 8, seed=1))[0].tolist()
+    )
 
 
 def test_an_array_in_a_hand_edited_state_is_a_clear_error():
@@ -149,29 +152,34 @@ def test_a_timedelta_npy_file_is_a_value_error_naming_the_file(tmp_path):
 @pytest.mark.parametrize(
     ("name", "content", "kwargs"),
     [
-        pytest.param("big.npy", lambda: _npy_with_header(
-            "{'descr': '>u2', 'fortran_order': False, 'shape': (4,), }",
-            np.arange(4, dtype=">u2").tobytes()), {}, id="byteswapped_npy"),
+        pytest.param(
+            "big.npy",
+            lambda: _npy_with_header(
+                "{'descr': '>u2', 'fortran_order': False, 'shape': (4,), }",
+                np.arange(4, dtype=">u2").tobytes(),
+            ),
+            {},
+            id="byteswapped_npy",
+        ),
         pytest.param("empty.bin", lambda: b"", {"dtype": ">u2"}, id="empty_byteswapped_raw"),
     ],
 )
-def test_a_file_copied_into_memory_is_read_only_like_a_mapped_one(tmp_path, name, content,
-                                                                  kwargs):
+def test_a_file_copied_into_memory_is_read_only_like_a_mapped_one(tmp_path, name, content, kwargs):
     path = tmp_path / name
     path.write_bytes(content())
     shard = open_tokens(path, **kwargs).shards[0]
     assert not shard.flags.writeable
 
 
-@pytest.mark.parametrize(
-    "shape", ["(4611686018427387904,)", "(2**62,)", "(-1,)", "(5,)", "(3,)"]
-)
+@pytest.mark.parametrize("shape", ["(4611686018427387904,)", "(2**62,)", "(-1,)", "(5,)", "(3,)"])
 def test_an_npy_header_lying_about_its_length_is_refused_before_mapping(tmp_path, shape):
     path = tmp_path / "lying.npy"
-    path.write_bytes(_npy_with_header(
-        f"{{'descr': '<u2', 'fortran_order': False, 'shape': {shape}, }}",
-        np.arange(4, dtype="<u2").tobytes(),
-    ))
+    path.write_bytes(
+        _npy_with_header(
+            f"{{'descr': '<u2', 'fortran_order': False, 'shape': {shape}, }}",
+            np.arange(4, dtype="<u2").tobytes(),
+        )
+    )
     with pytest.raises(ValueError) as raised:
         open_tokens(path)
     assert str(path) in str(raised.value)

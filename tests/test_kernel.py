@@ -118,7 +118,13 @@ def test_debug_build_catches_a_window_across_two_shards():
     windows, next_tokens = np.empty((1, 4), np.int64), np.empty(1, np.int64)
     with pytest.raises(IndexError, match="one shard"):
         _windows.gather_sharded(
-            shards[0], addresses, firsts, ends, np.array([8]), np.empty(1, np.int64), windows,
+            shards[0],
+            addresses,
+            firsts,
+            ends,
+            np.array([8]),
+            np.empty(1, np.int64),
+            windows,
             next_tokens,
         )
 
@@ -177,8 +183,18 @@ def test_mulhi_matches_the_exact_product_with_and_without_128_bit_integers(tmp_p
     source.write_text(MULHI_MAIN)
     program = tmp_path / "mulhi"
     subprocess.run(
-        [compiler, "-O2", "-std=c99", "-Wall", "-Werror", f"-I{PORTABLE_H.parent}", *defines,
-         str(source), "-o", str(program)],
+        [
+            compiler,
+            "-O2",
+            "-std=c99",
+            "-Wall",
+            "-Werror",
+            f"-I{PORTABLE_H.parent}",
+            *defines,
+            str(source),
+            "-o",
+            str(program),
+        ],
         check=True,
     )
     rng = np.random.default_rng(0)

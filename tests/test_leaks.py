@@ -45,8 +45,10 @@ def run(stream, steps: int) -> int:
     [
         pytest.param({"shuffle": False}, id="sequential"),
         pytest.param({"shuffle": True}, id="materialized"),
-        pytest.param({"shuffle": True, "permutation": "implicit", "targets": "shifted"},
-                     id="implicit_shifted"),
+        pytest.param(
+            {"shuffle": True, "permutation": "implicit", "targets": "shifted"},
+            id="implicit_shifted",
+        ),
     ],
 )
 def test_a_hundred_thousand_batches_do_not_grow_rss(options):
@@ -113,8 +115,10 @@ def test_peak_allocation_per_batch_is_a_few_batch_buffers(batch_size, shards, op
     windows, targets = next(stream)  # the first call also sets up the epoch
     batch_bytes = windows.nbytes + targets.nbytes
     peak = traced_peak_per_batch(stream, 50)
-    print(f"peak per batch, b={batch_size} {options} shards={shards}: {peak} B "
-          f"({peak / batch_bytes:.2f} x one batch of {batch_bytes} B)")
+    print(
+        f"peak per batch, b={batch_size} {options} shards={shards}: {peak} B "
+        f"({peak / batch_bytes:.2f} x one batch of {batch_bytes} B)"
+    )
     # At the peak two batches are alive: the one being filled and the one the consumer's loop
     # variable still holds. Index arrays (b int64s) and constant overhead come on top.
     assert peak < 2 * batch_bytes + 32 * KB

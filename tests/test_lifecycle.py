@@ -74,8 +74,10 @@ def assert_consistent_after_interrupt(stream, make_stream, serial, interrupted):
     [
         pytest.param({"shuffle": True}, id="materialized"),
         pytest.param({"shuffle": True, "permutation": "implicit"}, id="implicit"),
-        pytest.param({"shuffle": False, "world_size": 2, "rank": 1, "targets": "shifted"},
-                     id="sequential_rank"),
+        pytest.param(
+            {"shuffle": False, "world_size": 2, "rank": 1, "targets": "shifted"},
+            id="sequential_rank",
+        ),
     ],
 )
 def test_an_interrupt_at_any_line_of_next_leaves_a_consistent_resumable_stream(options):

@@ -110,7 +110,5 @@ def test_anonymous_memory_stays_flat_over_a_long_shuffled_run_on_a_memmap(tmp_pa
     growth_kb = proc_status_kb("RssAnon") - anon_before
     # The file's pages count as RssFile (page cache the OS can reclaim), never as RssAnon.
     assert growth_kb < 4 * 1024, (
-        f"RssAnon grew {growth_kb} KiB over 5000 batches (RssFile "
-        f"{proc_status_kb('RssFile')} KiB)"
+        f"RssAnon grew {growth_kb} KiB over 5000 batches (RssFile {proc_status_kb('RssFile')} KiB)"
     )
-

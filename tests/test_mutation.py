@@ -73,8 +73,18 @@ def test_a_token_file_is_mapped_read_only(tmp_path):
 
 def test_stream_options_and_sizes_are_read_only():
     stream = stream_token_source(np.arange(100), 4, 8, reuse_buffers=2)
-    for name in ("block", "batch_size", "num_windows", "world_size", "rank", "reuse_buffers",
-                 "positions_per_epoch", "batches_per_epoch", "corpus", "options"):
+    for name in (
+        "block",
+        "batch_size",
+        "num_windows",
+        "world_size",
+        "rank",
+        "reuse_buffers",
+        "positions_per_epoch",
+        "batches_per_epoch",
+        "corpus",
+        "options",
+    ):
         with pytest.raises(AttributeError):
             setattr(stream, name, 10**6)
     with pytest.raises(AttributeError):

@@ -111,6 +111,6 @@ def test_python_list_and_exact_floats_match_their_int64_equivalent():
 
 def test_fixed_hole_float_two_pow_53_plus_one_in_a_list_is_kept_exact():
     ids = [0.0, 1, 2**53 + 1, 3, 4]
-    (windows, next_tokens), = list(stream_token_source(ids, 2, 8, shuffle=False))
+    ((windows, next_tokens),) = list(stream_token_source(ids, 2, 8, shuffle=False))
     assert windows[:, :].tolist() == [[0, 1], [1, 2**53 + 1], [2**53 + 1, 3]]
     assert next_tokens.tolist() == [2**53 + 1, 3, 4]

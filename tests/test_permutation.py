@@ -22,8 +22,15 @@ POWERS = [2**k + d for k in (1, 2, 3, 4, 5, 8, 10, 12, 16, 20) for d in (-1, 0, 
 ODD_SIZES = [1, 6, 10, 100, 999, 1000, 1001, 123457, 10**6]
 
 
-def implicit_order(n: int, seed: int, epoch: int, first: int = 0, count: int | None = None,
-                   stride: int = 1, rounds: int = _FEISTEL_ROUNDS) -> np.ndarray:
+def implicit_order(
+    n: int,
+    seed: int,
+    epoch: int,
+    first: int = 0,
+    count: int | None = None,
+    stride: int = 1,
+    rounds: int = _FEISTEL_ROUNDS,
+) -> np.ndarray:
     count = n if count is None else count
     out = np.empty(count, dtype=np.int64)
     low_bits, high_size = implicit_domain(n)
@@ -107,8 +114,13 @@ def test_implicit_order_is_statistically_like_a_true_permutation(n, seed):
 
 def _looks_shuffled(stats: dict[str, float], n: int) -> bool:
     tolerance = 5 / np.sqrt(n)
-    correlations = ("serial_low_bit", "serial_low_half", "serial_high_half",
-                    "serial_correlation", "position_correlation")
+    correlations = (
+        "serial_low_bit",
+        "serial_low_half",
+        "serial_high_half",
+        "serial_correlation",
+        "position_correlation",
+    )
     return (
         abs(stats["displacement"] - 1 / 3) < tolerance
         and all(abs(stats[name]) < tolerance for name in correlations)

@@ -106,8 +106,9 @@ def test_shuffled_windows_past_two_pow_32_match_the_permutation_model(tmp_path):
     windows = TOKENS - BLOCK
     order = implicit_order(windows, seed, epoch)
     first = (windows // BATCH - steps) * BATCH  # the epoch's last full batches
-    starts = [[order(p) for p in range(first + k * BATCH, first + (k + 1) * BATCH)]
-              for k in range(steps)]
+    starts = [
+        [order(p) for p in range(first + k * BATCH, first + (k + 1) * BATCH)] for k in range(steps)
+    ]
     flat = [s for batch in starts for s in batch]
     assert max(flat) > 2**32 and any(2**31 < s < 2**32 for s in flat)
     path = tmp_path / "shuffled.bin"

@@ -43,19 +43,23 @@ def run_threads(target, count=THREADS):
 
 STREAM_OPTIONS = [
     pytest.param({"shuffle": True}, id="materialized"),
-    pytest.param({"shuffle": True, "permutation": "implicit", "targets": "shifted"},
-                 id="implicit_shifted"),
+    pytest.param(
+        {"shuffle": True, "permutation": "implicit", "targets": "shifted"}, id="implicit_shifted"
+    ),
     pytest.param({"shuffle": False, "world_size": 3, "rank": 2}, id="sequential_rank"),
 ]
 
 
 @pytest.mark.parametrize("options", STREAM_OPTIONS)
 def test_threads_with_their_own_streams_over_one_corpus_get_the_serial_batches(options):
-    corpus = Corpus([np.arange(5000, dtype=np.uint16) * 7 % 50257,
-                     np.arange(3000, dtype=np.uint16)])
+    corpus = Corpus(
+        [np.arange(5000, dtype=np.uint16) * 7 % 50257, np.arange(3000, dtype=np.uint16)]
+    )
     # Each thread gets another seed, so a stream reading another's state would show.
-    serial = {i: batches_as_bytes(stream_token_source(corpus, 32, 64, epochs=2, seed=i, **options))
-              for i in range(THREADS)}
+    serial = {
+        i: batches_as_bytes(stream_token_source(corpus, 32, 64, epochs=2, seed=i, **options))
+        for i in range(THREADS)
+    }
     results = {}
 
     def own_stream(i):
@@ -122,6 +126,8 @@ def test_state_dicts_taken_while_threads_iterate_are_consistent_cursors():
     for state in states[:: max(1, len(states) // 25)]:
         resumed = stream_token_source(ids, 8, 16, epochs=2, seed=4)
         resumed.load_state_dict(state)
-        skipped = (state["epoch"] * resumed.batches_per_epoch
-                   + state["position"] // resumed.global_batch_size)
+        skipped = (
+            state["epoch"] * resumed.batches_per_epoch
+            + state["position"] // resumed.global_batch_size
+        )
         assert batches_as_bytes(resumed) == serial[skipped:]

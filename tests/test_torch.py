@@ -38,7 +38,11 @@ SPAWN_TIMEOUT_SECONDS = 120
 def epoch_order(num_windows: int, seed: int, epoch: int = 0) -> np.ndarray:
     """The window order of ``epoch`` as one process streams it (the adapter's default order)."""
     stream = stream_token_source(
-        np.arange(num_windows + 1), 1, num_windows, epochs=epoch + 1, seed=seed,
+        np.arange(num_windows + 1),
+        1,
+        num_windows,
+        epochs=epoch + 1,
+        seed=seed,
         permutation="implicit",
     )
     return [windows[:, 0] for windows, _ in stream][epoch]
@@ -236,8 +240,12 @@ LEN_CORPUS = np.arange(11)
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_len_of_the_dataloader_is_the_number_of_batches_it_yields(num_workers):
     dataset = TokenDataset(LEN_CORPUS, 1, 4, epochs=2, num_workers=num_workers)
-    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers,
-                        multiprocessing_context="fork" if num_workers else None)
+    loader = DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=num_workers,
+        multiprocessing_context="fork" if num_workers else None,
+    )
     assert len(loader) == {0: 2 * 3, 2: 2 * 4}[num_workers]
     assert len(list(loader)) == len(loader) == dataset.num_batches(num_workers)
 
@@ -255,8 +263,9 @@ def test_len_of_a_plain_dataset_counts_one_process_and_a_worker_counts_its_share
 )
 def test_iterating_with_other_workers_than_len_counted_for_is_a_value_error(told, call_len, runs):
     dataset = TokenDataset(LEN_CORPUS, 1, 4, num_workers=told)
-    loader = DataLoader(dataset, batch_size=None, num_workers=runs,
-                        multiprocessing_context="fork" if runs else None)
+    loader = DataLoader(
+        dataset, batch_size=None, num_workers=runs, multiprocessing_context="fork" if runs else None
+    )
     if call_len:
         assert len(loader) == 3
     with pytest.raises(ValueError, match=f"pass TokenDataset\\(..., num_workers={runs}\\)"):
@@ -295,13 +304,16 @@ def test_statefuldataloader_resumes_to_identical_batches(num_workers):
 
     def loader_of(dataset):
         return StatefulDataLoader(
-            dataset, batch_size=None, num_workers=num_workers,
+            dataset,
+            batch_size=None,
+            num_workers=num_workers,
             multiprocessing_context="fork" if num_workers else None,
         )
 
     def dataset():
-        return TokenDataset(np.arange(300), 5, 6, epochs=2, seed=3, targets="shifted",
-                            num_workers=num_workers)
+        return TokenDataset(
+            np.arange(300), 5, 6, epochs=2, seed=3, targets="shifted", num_workers=num_workers
+        )
 
     loader = loader_of(dataset())
     iterator = iter(loader)
@@ -340,8 +352,11 @@ def test_a_fork_worker_continues_a_stream_whose_prefetch_thread_was_running():
     assert np.array_equal(next(stream)[0], expected[0])
     time.sleep(0.05)  # the thread has filled its queue when the worker is forked
     loader = DataLoader(
-        StreamSlice(stream, 5), batch_size=None, num_workers=1,
-        multiprocessing_context="fork", timeout=60,
+        StreamSlice(stream, 5),
+        batch_size=None,
+        num_workers=1,
+        multiprocessing_context="fork",
+        timeout=60,
     )
     got = [w.numpy() for w, _ in loader]
     assert len(got) == 5
@@ -366,14 +381,16 @@ def test_spawned_workers_map_the_token_file_instead_of_unpickling_a_copy(tmp_pat
     dataset = TokenDataset(open_tokens(path), 8, 64, seed=2, num_workers=2)
     assert len(pickle.dumps(dataset)) < 8_000  # the tokens alone are 2 MB
     loader = DataLoader(
-        dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn",
+        dataset,
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="spawn",
         worker_init_fn=check_the_worker_maps_the_file,
     )
     got = [x.numpy() for x, _ in itertools.islice(loader, 6)]
     # Worker w streams as rank w of 2; the loader takes one batch from each in turn.
     workers = [
-        iter(TokenDataset(open_tokens(path), 8, 64, seed=2, rank=w, world_size=2))
-        for w in range(2)
+        iter(TokenDataset(open_tokens(path), 8, 64, seed=2, rank=w, world_size=2)) for w in range(2)
     ]
     expected = [next(workers[i % 2])[0].numpy() for i in range(6)]
     assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))

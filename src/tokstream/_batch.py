@@ -67,8 +67,12 @@ def fill(
     labels = buffers["labels"]
     next_tokens, targets = (labels, None) if labels.ndim == 1 else (None, labels)
     gather(
-        windows_index, buffers["input_ids"], next_tokens, targets,
-        buffers.get("position_ids"), buffers.get("label_continues"),
+        windows_index,
+        buffers["input_ids"],
+        next_tokens,
+        targets,
+        buffers.get("position_ids"),
+        buffers.get("label_continues"),
     )
 
 

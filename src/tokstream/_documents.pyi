@@ -13,7 +13,6 @@ def document_positions(
     label_continues: npt.NDArray[np.uint8],  # uint8_t[:, ::1], shape (b, block) or (b, 1)
     rows: npt.NDArray[np.int64] | None = ...,  # const int64_t[:]
 ) -> None: ...
-
 def document_pieces(
     position_ids: npt.NDArray[np.int64],  # const int64_t[:, ::1], shape (b, block)
     piece_starts: npt.NDArray[np.int32],  # int32_t[::1], at most this many starts written

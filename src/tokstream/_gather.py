@@ -124,8 +124,13 @@ class WindowGather:
             return windows * self._stride + self._one_segment_base
         starts = np.empty(windows.shape[0], np.int64)
         segment_token_starts(
-            windows, self.offsets, self._segment_starts, self._stride, self._bucket_segments,
-            self._bucket_shift, starts,
+            windows,
+            self.offsets,
+            self._segment_starts,
+            self._stride,
+            self._bucket_segments,
+            self._bucket_shift,
+            starts,
         )
         return starts
 
@@ -148,8 +153,14 @@ class WindowGather:
             self._kernel(self._single, starts, windows, next_tokens, targets, None, self._prefetch)
             if position_ids is not None:
                 self._positions(
-                    self._single, starts, self._document_starts[0], self._eos, self._use_eos,
-                    position_ids, label_continues, None,
+                    self._single,
+                    starts,
+                    self._document_starts[0],
+                    self._eos,
+                    self._use_eos,
+                    position_ids,
+                    label_continues,
+                    None,
                 )
             return
         if position_ids is None:
@@ -157,19 +168,31 @@ class WindowGather:
             sharded = self._sharded
             sources = np.empty(starts.shape[0], np.int64)
             self._kernel_sharded(
-                sharded[0], sharded[1], sharded[2], sharded[3], starts, sources, windows,
-                next_tokens, targets, self._prefetch,
+                sharded[0],
+                sharded[1],
+                sharded[2],
+                sharded[3],
+                starts,
+                sources,
+                windows,
+                next_tokens,
+                targets,
+                self._prefetch,
             )
             return
         for shard, group, local_starts in self._by_shard(starts):
             tokens = self._shards[shard]
-            self._kernel(
-                tokens, local_starts, windows, next_tokens, targets, group, self._prefetch
-            )
+            self._kernel(tokens, local_starts, windows, next_tokens, targets, group, self._prefetch)
             if position_ids is not None:
                 self._positions(
-                    tokens, local_starts, self._document_starts[shard], self._eos,
-                    self._use_eos, position_ids, label_continues, group,
+                    tokens,
+                    local_starts,
+                    self._document_starts[shard],
+                    self._eos,
+                    self._use_eos,
+                    position_ids,
+                    label_continues,
+                    group,
                 )
 
     def advise(self, windows_index: np.ndarray, sample: int) -> int:
@@ -215,12 +238,17 @@ def window_space(corpus: Corpus, options: StreamOptions) -> WindowGather:
     boundaries = None
     if options.windows == "within":
         boundaries = (
-            corpus.document_boundaries if options.eos is None
+            corpus.document_boundaries
+            if options.eos is None
             else corpus.boundaries_with_eos(options.eos)
         )
     return WindowGather(
-        corpus, options.block, prefetch=options.shuffle, stride=options.stride,
-        document_boundaries=boundaries, eos=options.eos,
+        corpus,
+        options.block,
+        prefetch=options.shuffle,
+        stride=options.stride,
+        document_boundaries=boundaries,
+        eos=options.eos,
     )
 
 

@@ -169,7 +169,8 @@ def stream_signature(
     positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
     keyword = inspect.Parameter.KEYWORD_ONLY
     leading_parameters = [
-        inspect.Parameter(name, positional, annotation="Any") if name != "self"
+        inspect.Parameter(name, positional, annotation="Any")
+        if name != "self"
         else inspect.Parameter(name, positional)
         for name in leading
     ]

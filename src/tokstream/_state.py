@@ -51,8 +51,11 @@ def config(corpus: Any, options: Any) -> dict[str, Any]:
         "drop_last": options.drop_last,
         # Keys added after the first state version appear only when they differ from the
         # behaviour of that version, so its states still load.
-        **{key: getattr(options, key) for key, old in _LATER_KEYS.items()
-           if getattr(options, key) != old},
+        **{
+            key: getattr(options, key)
+            for key, old in _LATER_KEYS.items()
+            if getattr(options, key) != old
+        },
     }
 
 
@@ -151,8 +154,7 @@ def _check_config(saved: Any, here: dict[str, Any], options: Any) -> None:
                 "or not, must keep the global batch size"
             )
         raise ValueError(
-            f"state was saved with {key}={shown(value)}, but this stream has "
-            f"{key}={value_here!r}"
+            f"state was saved with {key}={shown(value)}, but this stream has {key}={value_here!r}"
         )
 
 

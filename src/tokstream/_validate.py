@@ -95,9 +95,7 @@ def seed_int(value: Any, name: str = "seed") -> int:
     """An exact int in ``[0, 2**32)``, the range ``numpy.random.RandomState`` accepts."""
     as_int = nonnegative_int(value, name)
     if as_int > SEED_MAX:
-        raise ValueError(
-            f"{name} must be at most 2**32 - 1 = {SEED_MAX}, got {shown(as_int)}"
-        )
+        raise ValueError(f"{name} must be at most 2**32 - 1 = {SEED_MAX}, got {shown(as_int)}")
     return as_int
 
 
@@ -213,8 +211,7 @@ def _sequence_to_array(token_ids: Any, name: str) -> np.ndarray:
         if isinstance(token_ids, Iterator):
             hint = "; an iterator has no length: pass list(it) or np.fromiter(it, np.int64)"
         raise TypeError(
-            f"{name} must be a sequence or array of token ids, got "
-            f"{type(token_ids).__name__}{hint}"
+            f"{name} must be a sequence or array of token ids, got {type(token_ids).__name__}{hint}"
         )
     if not is_list or ids.ndim != 1:
         return ids

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -60,9 +59,7 @@ __all__ = [
     "best_numpy",
     "c_loop",
     "check_identical",
-    "consume",
     "copy_limit",
-    "epochs_for",
     "fast",
     "fast_reuse",
     "gather_limit",
@@ -93,7 +90,12 @@ def _batch_starts(
 
 
 def reference(
-    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    token_ids: Any,
+    block: int,
+    batch_size: int,
+    *,
+    epochs: int = 1,
+    shuffle: bool = True,
     seed: int = 0,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The spec's path, :func:`tokstream.reference.stream_token_source`: one ``np.stack``/batch."""
@@ -103,7 +105,12 @@ def reference(
 
 
 def fast(
-    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    token_ids: Any,
+    block: int,
+    batch_size: int,
+    *,
+    epochs: int = 1,
+    shuffle: bool = True,
     seed: int = 0,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """tokstream's fast path, :func:`tokstream.stream_token_source`, with its defaults."""
@@ -111,7 +118,12 @@ def fast(
 
 
 def fast_reuse(
-    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    token_ids: Any,
+    block: int,
+    batch_size: int,
+    *,
+    epochs: int = 1,
+    shuffle: bool = True,
     seed: int = 0,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The fast path cycling through two preallocated batches (``reuse_buffers=2``).
@@ -125,7 +137,12 @@ def fast_reuse(
 
 
 def best_numpy(
-    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    token_ids: Any,
+    block: int,
+    batch_size: int,
+    *,
+    epochs: int = 1,
+    shuffle: bool = True,
     seed: int = 0,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The fastest pure-NumPy gather we know: fancy-index a strided view of all windows.
@@ -163,7 +180,12 @@ def torch_available() -> bool:
 
 
 def nanogpt(
-    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    token_ids: Any,
+    block: int,
+    batch_size: int,
+    *,
+    epochs: int = 1,
+    shuffle: bool = True,
     seed: int = 0,
 ) -> Iterator[tuple[Any, Any]]:
     """nanoGPT's ``get_batch``: ``torch.stack`` of one ``torch.from_numpy`` slice per window.
@@ -181,7 +203,12 @@ def nanogpt(
 
 
 def _nanogpt(
-    torch: Any, ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool,
+    torch: Any,
+    ids: np.ndarray,
+    block: int,
+    batch_size: int,
+    epochs: int,
+    shuffle: bool,
     seed: int,
 ) -> Iterator[tuple[Any, Any]]:
     for starts in _batch_starts(ids.shape[0] - block, batch_size, epochs, shuffle, seed):
@@ -193,7 +220,12 @@ def _nanogpt(
 
 
 def copy_limit(
-    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    token_ids: Any,
+    block: int,
+    batch_size: int,
+    *,
+    epochs: int = 1,
+    shuffle: bool = True,
     seed: int = 0,
 ) -> Iterator[tuple[np.ndarray]]:
     """Copy as many tokens per batch as the fast path, contiguously, into one reused buffer.
@@ -252,7 +284,12 @@ def _copy_around(flat: np.ndarray, ids: np.ndarray, offset: int) -> None:
 
 
 def gather_limit(
-    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    token_ids: Any,
+    block: int,
+    batch_size: int,
+    *,
+    epochs: int = 1,
+    shuffle: bool = True,
     seed: int = 0,
 ) -> Iterator[tuple[np.ndarray]]:
     """``np.take`` one token per window start into a reused buffer: random lines per second.
@@ -285,8 +322,14 @@ C_LOOP_DISTANCES = (0, 1, 2, 4, 8, 16, 32, 64)
 
 
 def c_loop(
-    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
-    seed: int = 0, distance: int | None = None,
+    token_ids: Any,
+    block: int,
+    batch_size: int,
+    *,
+    epochs: int = 1,
+    shuffle: bool = True,
+    seed: int = 0,
+    distance: int | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The fast path's batches copied by a plain C loop: the random-window limit of one thread.
 
@@ -309,7 +352,12 @@ def c_loop(
 
 
 def _c_loop(
-    ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool, seed: int,
+    ids: np.ndarray,
+    block: int,
+    batch_size: int,
+    epochs: int,
+    shuffle: bool,
+    seed: int,
     distance: int | None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     num_windows = ids.shape[0] - block
@@ -345,30 +393,6 @@ def best_c_loop_distance(ids: np.ndarray, block: int, batch_size: int, seed: int
                 _baseline_loop.copy_windows(ids, batch, windows, next_tokens, distance)
             best[distance] = max(best[distance], 1.0 / (time.perf_counter() - started))
     return max(best, key=best.__getitem__)
-
-
-def epochs_for(num_tokens: int, block: int, batch_size: int, batches: int) -> int:
-    """The fewest epochs that hold ``batches`` batches (a timing run must not run dry).
-
-    >>> epochs_for(num_tokens=108, block=8, batch_size=10, batches=25)
-    3
-    """
-    batches_per_epoch = -(-(num_tokens - block) // batch_size)
-    if batches_per_epoch <= 0:
-        raise ValueError(f"no window of block={block} fits in {num_tokens} tokens")
-    return max(1, -(-batches // batches_per_epoch))
-
-
-def consume(batches: Iterator[tuple[Any, ...]], count: int) -> int:
-    """Draw ``count`` batches (fewer if the iterator ends) and return how many windows they held.
-
-    The timed loop of ``tokstream bench`` and of the benchmark suite: nothing but the iteration
-    and one ``len()`` per batch.
-    """
-    windows = 0
-    for batch in islice(batches, count):
-        windows += len(batch[0])
-    return windows
 
 
 #: Paths that yield the fast path's batches, by name, in table order.
@@ -429,9 +453,7 @@ def _as_numpy(value: Any) -> np.ndarray:
     return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
 
-def check_identical(
-    first: dict[str, tuple[Any, ...]], block: int, against: str = "fast"
-) -> None:
+def check_identical(first: dict[str, tuple[Any, ...]], block: int, against: str = "fast") -> None:
     """Raise ValueError unless every path's first batch agrees with the ``against`` path's.
 
     ``first`` maps path names to their first batch and must hold ``against``, a loader. Loaders

@@ -19,8 +19,9 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -186,7 +187,7 @@ def measure_case(
     """
     progress = progress or _Silent()
     needed = 1 + rounds * batches
-    case.epochs = baselines.epochs_for(ids.shape[0], case.block, case.batch_size, needed)
+    case.epochs = epochs_for(ids.shape[0], case.block, case.batch_size, needed)
     iterators = {}
     first = {}
     for path in paths:
@@ -205,7 +206,7 @@ def measure_case(
         for path in [*paths[shift:], *paths[:shift]]:
             progress.update(f"{label}: {path} round {round_index + 1}/{rounds}")
             started = time.perf_counter()
-            windows = baselines.consume(iterators[path], batches)
+            windows = consume(iterators[path], batches)
             elapsed = time.perf_counter() - started
             case.rates[path].append(windows * per_window[path] / elapsed / 1e6)
     return case
@@ -431,3 +432,27 @@ def plot_cases(cases: Sequence[Case], paths: Sequence[str], path: str, heading: 
         ax.legend(fontsize="small")
     figure.suptitle(heading)
     figure.savefig(path, dpi=110)
+
+
+def epochs_for(num_tokens: int, block: int, batch_size: int, batches: int) -> int:
+    """The fewest epochs that hold ``batches`` batches (a timing run must not run dry).
+
+    >>> epochs_for(num_tokens=108, block=8, batch_size=10, batches=25)
+    3
+    """
+    batches_per_epoch = -(-(num_tokens - block) // batch_size)
+    if batches_per_epoch <= 0:
+        raise ValueError(f"no window of block={block} fits in {num_tokens} tokens")
+    return max(1, -(-batches // batches_per_epoch))
+
+
+def consume(batches: Iterator[tuple[Any, ...]], count: int) -> int:
+    """Draw ``count`` batches (fewer if the iterator ends) and return how many windows they held.
+
+    The timed loop of ``tokstream bench`` and of the benchmark suite: nothing but the iteration
+    and one ``len()`` per batch.
+    """
+    windows = 0
+    for batch in islice(batches, count):
+        windows += len(batch[0])
+    return windows

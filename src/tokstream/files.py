@@ -180,7 +180,8 @@ def open_tokens(
         shards = arrow.read_object(path_or_paths_or_glob, column)
         return _corpus(shards, want, "Arrow table")
     shards = [
-        shard for path in _resolve_paths(path_or_paths_or_glob)
+        shard
+        for path in _resolve_paths(path_or_paths_or_glob)
         for shard in _open_one(path, want, format, column)
     ]
     return _corpus(shards, want, "token files")

@@ -20,7 +20,12 @@ from tokstream import _validate
 
 
 def stream_token_source(
-    token_ids: Any, block: int, batch_size: int, *, epochs: int = 1, shuffle: bool = True,
+    token_ids: Any,
+    block: int,
+    batch_size: int,
+    *,
+    epochs: int = 1,
+    shuffle: bool = True,
     seed: int = 0,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yield ``(context_windows (b, block) int64, next_tokens (b,) int64)`` micro-batches.
@@ -41,7 +46,11 @@ def stream_token_source(
 
 
 def _batches(
-    ids: np.ndarray, block: int, batch_size: int, epochs: int, shuffle: bool,
+    ids: np.ndarray,
+    block: int,
+    batch_size: int,
+    epochs: int,
+    shuffle: bool,
     rng: np.random.RandomState,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     for starts in batch_starts(len(ids) - block, batch_size, epochs, shuffle, rng):

@@ -73,7 +73,8 @@ class TokenStream(Iterator[Batch]):
         self._gather = window_space(corpus, options)
         corpus.advise(options.shuffle)
         self._order = (
-            MixtureOrder(source, self._gather, options) if isinstance(source, Mixture)
+            MixtureOrder(source, self._gather, options)
+            if isinstance(source, Mixture)
             else WindowOrder(self._gather.num_windows, options)
         )
         # Random windows of a memory-mapped corpus are read ahead; sequential ones are left to
@@ -211,7 +212,8 @@ class TokenStream(Iterator[Batch]):
             windows_index = self._readahead.batch_windows(cursor, count)
         if options.reuse_buffers or options.extras:
             buffers = (
-                _batch.rows_of(self._ring_slot(), count) if options.reuse_buffers
+                _batch.rows_of(self._ring_slot(), count)
+                if options.reuse_buffers
                 else _batch.new_buffers(options, count)
             )
             _batch.fill(self._gather, windows_index, buffers, order.source_offsets)

@@ -179,8 +179,10 @@ class TokenDataset(IterableDataset):
         self._stream = stream
         for batch in stream:
             if isinstance(batch, dict):
-                yield {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
-                       for k, v in batch.items()}
+                yield {
+                    k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                    for k, v in batch.items()
+                }
             else:
                 yield torch.from_numpy(batch[0]), torch.from_numpy(batch[1])
 
