@@ -34,4 +34,5 @@ extensions = [
     for name in ("_windows", "_documents", "_advice", "_baseline_loop")
 ]
 
-setup(ext_modules=cythonize(extensions, compiler_directives=directives))
+# include_path: the kernels cimport the shared token type from src/tokstream/_types.pxd.
+setup(ext_modules=cythonize(extensions, compiler_directives=directives, include_path=["src"]))

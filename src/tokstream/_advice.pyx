@@ -18,6 +18,8 @@ Where ``madvise`` does not exist (Windows) every function here is a harmless no-
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
+from tokstream._types cimport token_t
+
 cdef extern from *:
     """
     #if !defined(_WIN32) && (defined(__unix__) || defined(__APPLE__))
@@ -90,15 +92,6 @@ cdef extern from *:
 
 from libc.stdlib cimport free, malloc
 
-ctypedef fused token_t:
-    int8_t
-    int16_t
-    int32_t
-    int64_t
-    uint8_t
-    uint16_t
-    uint32_t
-    uint64_t
 
 #: True when this platform has ``madvise(MADV_WILLNEED)``; otherwise every call is a no-op.
 AVAILABLE = bool(TOKSTREAM_READAHEAD)

@@ -8,6 +8,8 @@ drives it with the best distance it finds on the machine at hand.
 
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+
+from tokstream._types cimport token_t
 from libc.string cimport memcpy
 
 cdef extern from *:
@@ -22,16 +24,6 @@ cdef extern from *:
     #endif
     """
     void BASELINE_PREFETCH(const void *p) noexcept nogil
-
-ctypedef fused token_t:
-    int8_t
-    int16_t
-    int32_t
-    int64_t
-    uint8_t
-    uint16_t
-    uint32_t
-    uint64_t
 
 
 @cython.embedsignature(False)

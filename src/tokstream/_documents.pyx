@@ -7,17 +7,9 @@ allocates; the Python side (``tokstream._gather``) proves every index in range.
 
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memset
 
-ctypedef fused token_t:
-    int8_t
-    int16_t
-    int32_t
-    int64_t
-    uint8_t
-    uint16_t
-    uint32_t
-    uint64_t
+from tokstream._types cimport token_t
+from libc.string cimport memset
 
 
 cdef inline Py_ssize_t _first_above(const int64_t[::1] sorted_values, int64_t value) noexcept nogil:

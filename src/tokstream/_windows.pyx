@@ -8,6 +8,8 @@ bounds checks off, the debug build (``TOKSTREAM_DEBUG=1`` at build time) with th
 
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+
+from tokstream._types cimport token_t
 from libc.string cimport memcpy
 
 cdef extern from *:
@@ -22,15 +24,6 @@ cdef extern from "_portable.h":
     void TOKSTREAM_PREFETCH(const void *p) noexcept nogil
     uint64_t tokstream_mulhi64(uint64_t a, uint64_t b) noexcept nogil
 
-ctypedef fused token_t:
-    int8_t
-    int16_t
-    int32_t
-    int64_t
-    uint8_t
-    uint16_t
-    uint32_t
-    uint64_t
 
 #: True when this module was compiled with bounds checks on (``TOKSTREAM_DEBUG=1``).
 DEBUG_BUILD = bool(TOKSTREAM_DEBUG)
@@ -100,7 +93,6 @@ def gather_windows(
                         targets[row, j] = tokens[start + 1 + j]
             if not shifted:
                 next_tokens[row] = tokens[start + block]
-
 
 
 # Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
