@@ -6,6 +6,7 @@ Kept to NumPy alone, so that the NumPy 1.26 CI run (parity and ABI suites only) 
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Iterable
 
 import numpy as np
@@ -70,3 +71,14 @@ def sharded_oracle_batches(
                 nxt = np.stack([shards[j][s + 1 : s + 1 + block] for j, s in picked])
             out.append((ctx, nxt.astype(np.int64)))
     return out
+
+
+def evict(*paths) -> None:
+    """Write the files' pages back and drop them from the page cache (a cold read follows)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.conftest import evict
 from tokstream import _advice
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -21,12 +22,7 @@ linux_only = pytest.mark.skipif(
 def _evicted_map(path, num_tokens: int) -> np.memmap:
     """A uint16 file of ``num_tokens`` tokens, written, flushed and dropped from the page cache."""
     np.random.default_rng(0).integers(0, 50000, num_tokens, dtype=np.uint16).tofile(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    evict(path)
     tokens = np.memmap(path, dtype=np.uint16, mode="r")
     if _advice.resident_fraction(tokens) > 0.5:
         pytest.skip("this file system keeps the file in memory (tmpfs?)")

@@ -7,14 +7,13 @@ over an evicted (or cached) file with a stream over the same tokens in RAM, whic
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import time
 
 import numpy as np
 import pytest
 
-from tests.conftest import assert_same_batches
+from tests.conftest import assert_same_batches, evict
 from tokstream import Corpus, open_tokens, stream_token_source, write_tokens
 from tokstream._advice import resident_fraction
 from tokstream.readahead import WARM_AFTER, WINDOWS_AHEAD
@@ -22,16 +21,6 @@ from tokstream.readahead import WARM_AFTER, WINDOWS_AHEAD
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="eviction with posix_fadvise is Linux-only"
 )
-
-
-def evict(*paths) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def token_file(path, count: int, seed: int = 0, dtype: str = "uint16"):
