@@ -45,6 +45,17 @@ def check_size(path: Path, offset: int, count: int, dtype: np.dtype, source: str
         )
 
 
+def read_header(path: Path, nbytes: int, what: str, where: str) -> bytes:
+    """The first ``nbytes`` of ``path``; ValueError (naming ``where``) when the file is shorter."""
+    size = path.stat().st_size
+    if size < nbytes:
+        raise ValueError(
+            f"{where}: truncated {what}: {size} bytes, its header alone needs {nbytes}"
+        )
+    with open(path, "rb") as f:
+        return f.read(nbytes)
+
+
 def map_tokens(path: Path, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
     """A read-only map of ``count`` items at byte ``offset`` (the caller checked the size).
 

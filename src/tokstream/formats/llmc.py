@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokstream.formats._common import check_size, map_tokens
+from tokstream.formats._common import check_size, map_tokens, read_header
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -36,14 +36,8 @@ def describe_kinds() -> str:
 
 def read(path: Path) -> np.ndarray:
     """Map the tokens of the llm.c shard at ``path``; ValueError naming it when it is bad."""
-    size = path.stat().st_size
-    if size < HEADER_BYTES:
-        raise ValueError(
-            f"token file {path}: truncated llm.c header: {size} bytes, the header alone needs "
-            f"{HEADER_BYTES}"
-        )
-    with open(path, "rb") as f:
-        header = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4")
+    head = read_header(path, HEADER_BYTES, "llm.c header", f"token file {path}")
+    header = np.frombuffer(head, dtype="<i4")
     magic, version, count = (int(v) for v in header[:3])
     if magic not in MAGICS:
         raise ValueError(

@@ -21,7 +21,7 @@ from typing import BinaryIO
 import numpy as np
 
 from tokstream import _validate
-from tokstream.formats._common import Shard, map_tokens
+from tokstream.formats._common import Shard, map_tokens, read_header
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -80,14 +80,8 @@ def read(path: os.PathLike | str) -> Shard:
         if not part.is_file():
             raise FileNotFoundError(2, "Megatron dataset file not found", os.fspath(part))
     where = f"token file {idx_path}"
+    head = read_header(idx_path, HEADER_BYTES, "Megatron index", where)
     size = idx_path.stat().st_size
-    if size < HEADER_BYTES:
-        raise ValueError(
-            f"{where}: truncated Megatron index: {size} bytes, its header alone needs "
-            f"{HEADER_BYTES}"
-        )
-    with open(idx_path, "rb") as f:
-        head = f.read(HEADER_BYTES)
     if head[: len(MAGIC)] != MAGIC:
         raise ValueError(
             f"{where}: bad magic {head[: len(MAGIC)]!r}, Megatron indexes start with {MAGIC!r}"
