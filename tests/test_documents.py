@@ -24,7 +24,7 @@ from tests.oracle_documents import (
 )
 from tokstream import Corpus, open_tokens, reference, stream_token_source
 from tokstream._documents import document_pieces
-from tokstream._gather import WindowGather
+from tokstream._gather import WindowGather, _document_buckets
 
 
 def test_from_documents_joins_the_documents_and_records_their_boundaries():
@@ -428,16 +428,30 @@ def test_an_empty_document_does_not_hide_the_next_documents_start():
 
 
 def test_document_pieces_counts_every_piece_and_never_writes_past_its_buffer():
-    positions = np.array([[0, 1, 0, 1], [0, 0, 1, 2]], np.int64)
-    assert document_pieces(positions, np.empty(0, np.int32)) == 4
+    # Pieces of 2, 2, 1, 3 and 4 tokens (the last row one piece, found without a search).
+    positions = np.array([[0, 1, 0, 1], [0, 0, 1, 2], [0, 1, 2, 3]], np.int64)
+    assert document_pieces(positions, np.empty(0, np.int32)) == (5, 4)
     guarded = np.full(6, -1, np.int32)
-    assert document_pieces(positions, guarded[:3]) == 4
+    assert document_pieces(positions, guarded[:3]) == (5, 4)
     assert guarded.tolist() == [0, 2, 4, -1, -1, -1]
-    starts = np.empty(4, np.int32)
-    assert document_pieces(positions, starts) == 4 and starts.tolist() == [0, 2, 4, 5]
+    starts = np.empty(5, np.int32)
+    assert document_pieces(positions, starts) == (5, 4) and starts.tolist() == [0, 2, 4, 5, 8]
     # Values a caller scribbled over a reused buffer: wrong pieces, never a bad access.
     scribbled = np.random.default_rng(0).integers(-(2**40), 2**40, (9, 33))
-    assert document_pieces(scribbled, np.empty(3, np.int32)) >= 9
+    assert document_pieces(scribbled, np.empty(3, np.int32))[0] >= 9
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 100, 4097])
+@pytest.mark.parametrize("num_starts", [0, 1, 3, 50, 1000])
+def test_document_buckets_bound_the_first_start_after_every_token(length, num_starts):
+    rng = np.random.default_rng(length * 1009 + num_starts)
+    starts = np.sort(rng.integers(1, length + 1, num_starts)).astype(np.int64)
+    shift, buckets = _document_buckets(starts, length)
+    assert buckets.shape[0] == ((length - 1) >> shift) + 2
+    assert buckets.shape[0] <= 2 * num_starts + 3  # O(documents)
+    for token in range(length):
+        first_after = np.searchsorted(starts, token, side="right")
+        assert buckets[token >> shift] <= first_after <= buckets[(token >> shift) + 1]
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -28,6 +28,9 @@ from tokstream._options import DOCUMENT_EXTRAS, StreamOptions
 
 Batch = Any  # tuple[np.ndarray, np.ndarray] | dict[str, Any]
 
+#: Where :func:`document_pieces` writes nothing: it only counts.
+_NO_PIECES = np.empty(0, np.int32)
+
 
 def new_buffers(options: StreamOptions, rows: int) -> dict[str, np.ndarray]:
     """Uninitialised buffers for a batch of ``rows`` windows."""
@@ -90,10 +93,10 @@ def assemble(buffers: dict[str, np.ndarray], extras: tuple[str, ...]) -> Batch:
         continues = buffers["label_continues"].view(np.bool_)
         batch["loss_mask"] = continues[:, 0] if buffers["labels"].ndim == 1 else continues
     if "cu_seqlens" in extras:
-        pieces = document_pieces(positions, np.empty(0, np.int32))
+        pieces, longest = document_pieces(positions, _NO_PIECES)
         cu_seqlens = np.empty(pieces + 1, np.int32)
         document_pieces(positions, cu_seqlens[:-1])
         cu_seqlens[-1] = positions.size
         batch["cu_seqlens"] = cu_seqlens
-        batch["max_seqlen"] = int(np.diff(cu_seqlens).max(initial=0))
+        batch["max_seqlen"] = longest
     return batch

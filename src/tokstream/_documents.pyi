@@ -7,6 +7,8 @@ def document_positions(
     tokens: npt.NDArray[np.integer],  # const token_t[::1], any of the 8 fixed-width int dtypes
     starts: npt.NDArray[np.int64],  # const int64_t[:]
     document_starts: npt.NDArray[np.int64],  # const int64_t[::1], sorted, local to tokens
+    document_buckets: npt.NDArray[np.int64],  # const int64_t[::1], starts <= k << shift
+    bucket_shift: int,  # int
     eos: int,  # int64_t
     use_eos: bool,  # bint
     position_ids: npt.NDArray[np.int64],  # int64_t[:, ::1], shape (b, block)
@@ -16,7 +18,7 @@ def document_positions(
 def document_pieces(
     position_ids: npt.NDArray[np.int64],  # const int64_t[:, ::1], shape (b, block)
     piece_starts: npt.NDArray[np.int32],  # int32_t[::1], at most this many starts written
-) -> int: ...
+) -> tuple[int, int]: ...  # (pieces, longest piece)
 def segment_token_starts(
     windows_index: npt.NDArray[np.int64],  # const int64_t[:]
     offsets: npt.NDArray[np.int64],  # const int64_t[::1], cumulative windows per segment

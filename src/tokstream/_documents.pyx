@@ -12,19 +12,28 @@ from tokstream._types cimport token_t
 from libc.string cimport memset
 
 
-cdef inline Py_ssize_t _first_above(const int64_t[::1] sorted_values, int64_t value) noexcept nogil:
-    # Index of the first element > value (len if none): a binary search over O(documents),
-    # written so that the compiler can use conditional moves: random windows make every
-    # branch of a branchy search a coin flip.
-    cdef Py_ssize_t base = 0, size = sorted_values.shape[0], half
-    if size == 0:
-        return 0
+cdef inline Py_ssize_t _first_above(
+    const int64_t[::1] sorted_values, Py_ssize_t low, Py_ssize_t high, int64_t value
+) noexcept nogil:
+    # Index of the first element > value, given that it lies in [low, high] (high: none in
+    # the range): a binary search written so that the compiler can use conditional moves, as
+    # random windows make every branch of a branchy search a coin flip.
+    cdef Py_ssize_t base = low, size = high - low, half
+    if size <= 0:
+        return low
     while size > 1:
-        # base + half < base + size <= len: the probe stays inside the array.
+        # base + half < base + size <= high: the probe stays inside the range.
         half = size >> 1
         base = base + half if sorted_values[base + half] <= value else base
         size -= half
     return base + (sorted_values[base] <= value)
+
+
+cdef inline void _ramp(int64_t *out, Py_ssize_t length) noexcept nogil:
+    # 0, 1, 2, ... through a plain pointer, which the compiler vectorises.
+    cdef Py_ssize_t j
+    for j in range(length):
+        out[j] = j
 
 
 # Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
@@ -33,13 +42,15 @@ def document_positions(
     const token_t[::1] tokens,
     const int64_t[:] starts,
     const int64_t[::1] document_starts,
+    const int64_t[::1] document_buckets,
+    int bucket_shift,
     int64_t eos,
     bint use_eos,
     int64_t[:, ::1] position_ids,
     uint8_t[:, ::1] label_continues,
     const int64_t[:] rows=None,
 ):
-    """document_positions(const token_t[::1] tokens, const int64_t[:] starts, const int64_t[::1] document_starts, int64_t eos, bint use_eos, int64_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, const int64_t[:] rows=None)
+    """document_positions(const token_t[::1] tokens, const int64_t[:] starts, const int64_t[::1] document_starts, const int64_t[::1] document_buckets, int bucket_shift, int64_t eos, bint use_eos, int64_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, const int64_t[:] rows=None)
 
     Position ids of window ``i`` (``block = position_ids.shape[1]`` tokens from ``starts[i]``)
     into row ``rows[i]``, and whether each label belongs to the same document as the token it is
@@ -53,9 +64,14 @@ def document_positions(
     document) or ``(b, 1)`` for next tokens (``[r, 0]`` is 0 when token ``starts[i] + block``
     does): the loss mask, written in the same pass.
 
+    ``document_buckets[k]`` counts the document starts ``<= k << bucket_shift`` (see
+    :func:`tokstream._gather._document_buckets`), so the first start after a window's is
+    searched among the few of its bucket, not all of them.
+
     The caller guarantees ``0 <= starts[i]`` and ``starts[i] + block < len(tokens)``, every row
-    below ``position_ids.shape[0]`` and ``label_continues.shape[0]``, and
-    ``label_continues.shape[1]`` either ``block`` or 1.
+    below ``position_ids.shape[0]`` and ``label_continues.shape[0]``,
+    ``label_continues.shape[1]`` either ``block`` or 1, and ``document_buckets`` of
+    ``((len(tokens) - 1) >> bucket_shift) + 2`` nondecreasing counts.
     """
     cdef Py_ssize_t count = starts.shape[0]
     cdef Py_ssize_t block = position_ids.shape[1]
@@ -64,20 +80,28 @@ def document_positions(
     cdef bint per_label = label_continues.shape[1] == block
     cdef Py_ssize_t i, j, row, next_document, piece, end, next_piece
     cdef int64_t start, next_start, position
+    cdef int64_t *out
+    cdef uint8_t *continues
     cdef bint breaks
     with nogil:
         for i in range(count):
             # Validated on the Python side: start + block < len(tokens), row < shape[0].
             start = starts[i]
             row = rows[i] if indirect else i
-            next_document = _first_above(document_starts, start)
+            out = &position_ids[row, 0]
+            continues = &label_continues[row, 0]
+            next_document = _first_above(
+                document_starts,
+                document_buckets[start >> bucket_shift],
+                document_buckets[(start >> bucket_shift) + 1],
+                start,
+            )
             if per_label:
-                memset(&label_continues[row, 0], 1, block)
+                memset(continues, 1, block)
             else:
-                label_continues[row, 0] = 1
+                continues[0] = 1
             if not use_eos:
-                # Only recorded starts break the row: runs of 0, 1, 2, ... between them, which
-                # the compiler vectorises, and one binary search per window.
+                # Only recorded starts break the row: runs of 0, 1, 2, ... between them.
                 piece = 0
                 while True:
                     next_piece = (
@@ -85,15 +109,14 @@ def document_positions(
                         if next_document < num_documents else block + 1
                     )
                     end = next_piece if next_piece < block else block
-                    for j in range(piece, end):
-                        position_ids[row, j] = j - piece
+                    _ramp(out + piece, end - piece)
                     if next_piece > block:
                         break
                     # A document starts at token start + next_piece, 0 < next_piece <= block.
                     if per_label:
-                        label_continues[row, next_piece - 1] = 0
+                        continues[next_piece - 1] = 0
                     elif next_piece == block:
-                        label_continues[row, 0] = 0
+                        continues[0] = 0
                     # Empty documents repeat a start: step past every copy of this one.
                     while (
                         next_document < num_documents
@@ -106,7 +129,7 @@ def document_positions(
                 continue
             next_start = document_starts[next_document] if next_document < num_documents else -1
             position = 0
-            position_ids[row, 0] = 0
+            out[0] = 0
             for j in range(1, block + 1):
                 breaks = tokens[start + j - 1] == eos
                 if next_start == start + j:
@@ -121,32 +144,40 @@ def document_positions(
                     )
                 if breaks:
                     if per_label:
-                        label_continues[row, j - 1] = 0
+                        continues[j - 1] = 0
                     elif j == block:
-                        label_continues[row, 0] = 0
+                        continues[0] = 0
                 if j < block:
                     position = 0 if breaks else position + 1
-                    position_ids[row, j] = position
+                    out[j] = position
 
 
 def document_pieces(const int64_t[:, ::1] position_ids, int32_t[::1] piece_starts):
-    """document_pieces(const int64_t[:, ::1] position_ids, int32_t[::1] piece_starts) -> int
+    """document_pieces(const int64_t[:, ::1] position_ids, int32_t[::1] piece_starts) -> tuple
 
     Count the document pieces of the flattened batch (a piece starts at every 0 of
     ``position_ids``) and write the first ``len(piece_starts)`` of their starts, as flat
-    indices, into ``piece_starts``; return the count. Pass an empty ``piece_starts`` to count.
+    indices, into ``piece_starts``; return ``(count, longest piece)``. Pass an empty
+    ``piece_starts`` to count.
 
     Within a piece starting at column ``a``, ``position_ids[r, j] == j - a``; after it the
-    position is smaller. So the next start is found by a binary search: O(pieces * log block),
-    not a scan of every position. Every index stays inside the row and inside ``piece_starts``
-    whatever the values are (a caller that overwrote the array gets wrong pieces, never a bad
-    access).
+    position is smaller. So a row whose last position is ``block - 1`` is one piece, and
+    otherwise the next start is found by a binary search: O(pieces * log block), not a scan of
+    every position. Every index stays inside the row and inside ``piece_starts`` whatever the
+    values are (a caller that overwrote the array gets wrong pieces, never a bad access).
     """
     cdef Py_ssize_t rows = position_ids.shape[0], block = position_ids.shape[1]
     cdef Py_ssize_t capacity = piece_starts.shape[0]
-    cdef Py_ssize_t found = 0, r, piece, low, high, middle
+    cdef Py_ssize_t found = 0, longest = 0, r, piece, low, high, middle
     with nogil:
         for r in range(rows):
+            if block > 0 and position_ids[r, block - 1] == block - 1:
+                # The common row of long documents: one piece, no search.
+                if found < capacity:
+                    piece_starts[found] = <int32_t>(r * block)
+                found += 1
+                longest = block
+                continue
             piece = 0
             while piece < block:
                 if found < capacity:
@@ -160,8 +191,9 @@ def document_pieces(const int64_t[:, ::1] position_ids, int32_t[::1] piece_start
                         low = middle + 1
                     else:
                         high = middle
+                longest = max(longest, low - piece)
                 piece = low
-    return found
+    return found, longest
 
 
 def segment_token_starts(

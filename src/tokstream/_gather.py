@@ -110,11 +110,12 @@ class WindowGather:
         self._advise = advise_windows.__signatures__[key]
         self._eos = 0 if eos is None else eos
         self._use_eos = eos is not None
-        # Each shard's recorded document starts, local to the shard, for the document kernel.
-        self._document_starts = [
-            _local_starts(corpus.document_boundaries, int(base), int(length))
-            for base, length in zip(self._shard_starts, corpus.lengths, strict=True)
-        ]
+        # Each shard's recorded document starts, local to the shard, and their buckets
+        # (shift, counts) for the document kernel.
+        self._document_starts = []
+        for base, length in zip(self._shard_starts, corpus.lengths, strict=True):
+            starts = _local_starts(corpus.document_boundaries, int(base), int(length))
+            self._document_starts.append((starts, *_document_buckets(starts, int(length))))
 
     def token_starts(self, windows: np.ndarray) -> np.ndarray:
         """The first token of each window, in the shards laid end to end."""
@@ -152,10 +153,13 @@ class WindowGather:
             # A window start s of a segment has s + block inside the segment, hence the shard.
             self._kernel(self._single, starts, windows, next_tokens, targets, None, self._prefetch)
             if position_ids is not None:
+                document_starts, shift, buckets = self._document_starts[0]
                 self._positions(
                     self._single,
                     starts,
-                    self._document_starts[0],
+                    document_starts,
+                    buckets,
+                    shift,
                     self._eos,
                     self._use_eos,
                     position_ids,
@@ -184,10 +188,13 @@ class WindowGather:
             tokens = self._shards[shard]
             self._kernel(tokens, local_starts, windows, next_tokens, targets, group, self._prefetch)
             if position_ids is not None:
+                document_starts, shift, buckets = self._document_starts[shard]
                 self._positions(
                     tokens,
                     local_starts,
-                    self._document_starts[shard],
+                    document_starts,
+                    buckets,
+                    shift,
                     self._eos,
                     self._use_eos,
                     position_ids,
@@ -271,3 +278,15 @@ def _local_starts(boundaries: np.ndarray, base: int, length: int) -> np.ndarray:
     """Document starts strictly inside the shard at ``base``, local to it (sorted int64)."""
     low, high = np.searchsorted(boundaries, [base, base + length], side="right")
     return np.ascontiguousarray(boundaries[low:high] - base)
+
+
+def _document_buckets(starts: np.ndarray, length: int) -> tuple[int, np.ndarray]:
+    """``(shift, how many of the sorted ``starts`` are <= k << shift, for each k)``.
+
+    Buckets about as wide as the mean gap between starts, so that the document kernel finds
+    the first start after a token among the few counted between its bucket and the next: O(1)
+    per window and O(documents) memory. The counts run to bucket ``(length - 1 >> shift) + 1``.
+    """
+    shift = max(0, (length // max(1, starts.shape[0])).bit_length() - 1)
+    firsts = np.arange((max(0, length - 1) >> shift) + 2, dtype=np.int64) << shift
+    return shift, _read_only(np.searchsorted(starts, firsts, side="right").astype(np.int64))
