@@ -10,7 +10,7 @@ import pytest
 import tokstream
 from tokstream import baselines, bench
 
-NUMPY_LOADERS = ["reference", "best_numpy", "fast", "fast_reuse", "c_loop"]
+NUMPY_LOADERS = ["reference", "best_numpy", "fast", "fast_reuse", "fast_one_buffer", "c_loop"]
 
 
 def _corpus(length: int, dtype: str, seed: int = 0) -> np.ndarray:
@@ -39,7 +39,7 @@ def test_loaders_yield_the_fast_paths_batches(path, dtype, shuffle, length, bloc
     )
     got = baselines.PATHS[path](ids, block, batch_size, epochs=2, shuffle=shuffle, seed=7)
     count = 0
-    # Compared as they come: fast_reuse overwrites a batch two batches later.
+    # Compared as they come: fast_reuse overwrites a batch two batches later, fast_one_buffer one.
     for (windows, next_tokens), (want_windows, want_next) in zip(got, expected, strict=True):
         windows, next_tokens = _numpy(windows), _numpy(next_tokens)
         assert windows.dtype == np.int64 and next_tokens.dtype == np.int64
@@ -77,6 +77,12 @@ def test_fast_reuse_cycles_through_two_buffers():
     batches = baselines.fast_reuse(np.arange(100), 4, 8)
     addresses = [w.__array_interface__["data"][0] for w, _ in itertools.islice(batches, 6)]
     assert len(set(addresses)) == 2 and addresses[0] == addresses[2] != addresses[1]
+
+
+def test_fast_one_buffer_refills_one_buffer():
+    batches = baselines.fast_one_buffer(np.arange(100), 4, 8)
+    addresses = [w.__array_interface__["data"][0] for w, _ in itertools.islice(batches, 4)]
+    assert len(set(addresses)) == 1
 
 
 @pytest.mark.parametrize("path", list(baselines.PATHS))

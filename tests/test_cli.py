@@ -198,6 +198,7 @@ def test_bench_json_holds_every_round_and_consistent_ratios():
             "fast_reuse/copy_limit",
             "fast/gather_limit",
             "fast/c_loop",
+            "fast_one_buffer/c_loop",
         }
         if baselines.torch_available():
             expected_ratios.add("fast/nanogpt")

@@ -5,11 +5,11 @@ the same code. Every path is a function ``path(token_ids, block, batch_size, *, 
 shuffle=True, seed=0)`` returning an iterator of tuples whose first element holds one row per
 window (its ``len()`` is the batch's window count):
 
-``reference``, ``best_numpy``, ``nanogpt``, ``fast``, ``fast_reuse``
+``reference``, ``best_numpy``, ``nanogpt``, ``fast``, ``fast_reuse``, ``fast_one_buffer``
     Yield ``(windows, next_tokens)``: the same batches in the same order as
     :func:`tokstream.stream_token_source`, so their outputs can be asserted identical before they
     are timed (``nanogpt`` yields torch tensors holding the same values; ``fast_reuse``
-    overwrites each batch two batches later).
+    overwrites each batch two batches later, ``fast_one_buffer`` one batch later).
 ``copy_limit``
     Yields ``(buffer,)``: a reused ``(b, block)`` int64 buffer filled by ``np.copyto`` from one
     random offset of the corpus per batch. It moves the same tokens per batch as the fast path
@@ -61,6 +61,7 @@ __all__ = [
     "check_identical",
     "copy_limit",
     "fast",
+    "fast_one_buffer",
     "fast_reuse",
     "gather_limit",
     "nanogpt",
@@ -133,6 +134,27 @@ def fast_reuse(
     """
     return _fast(
         token_ids, block, batch_size, epochs=epochs, shuffle=shuffle, seed=seed, reuse_buffers=2
+    )
+
+
+def fast_one_buffer(
+    token_ids: Any,
+    block: int,
+    batch_size: int,
+    *,
+    epochs: int = 1,
+    shuffle: bool = True,
+    seed: int = 0,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The fast path refilling one preallocated batch (``reuse_buffers=1``).
+
+    The buffer discipline of :func:`c_loop`, so the two compare like with like: the buffer
+    written last batch is still in the core's cache. A consumer that holds a batch while the
+    next is made needs two buffers (:func:`fast_reuse`) and pays for it in cache misses
+    (docs/benchmarks.md measures how much).
+    """
+    return _fast(
+        token_ids, block, batch_size, epochs=epochs, shuffle=shuffle, seed=seed, reuse_buffers=1
     )
 
 
@@ -402,6 +424,7 @@ LOADERS: dict[str, Path] = {
     "nanogpt": nanogpt,
     "fast": fast,
     "fast_reuse": fast_reuse,
+    "fast_one_buffer": fast_one_buffer,
 }
 
 #: The ceilings: same tokens moved (``copy_limit``), same windows touched (``gather_limit``), same
@@ -421,6 +444,7 @@ PATH_LABELS = {
     "nanogpt": "nanoGPT",
     "fast": "fast",
     "fast_reuse": "fast (reuse)",
+    "fast_one_buffer": "fast (1 buffer)",
     "copy_limit": "copy limit",
     "gather_limit": "gather limit",
     "c_loop": "C loop",
@@ -435,6 +459,7 @@ RATIOS = (
     ("fast_reuse", "copy_limit", "reuse/copy"),
     ("fast", "gather_limit", "fast win/gather"),
     ("fast", "c_loop", "fast/C loop"),
+    ("fast_one_buffer", "c_loop", "1 buffer/C loop"),
 )
 
 
