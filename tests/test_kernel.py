@@ -204,3 +204,25 @@ def test_mulhi_matches_the_exact_product_with_and_without_128_bit_integers(tmp_p
     text = "".join(f"{a} {b}\n" for a, b in pairs)
     out = subprocess.run([str(program)], input=text, capture_output=True, text=True, check=True)
     assert [int(v) for v in out.stdout.split()] == [(a * b) >> 64 for a, b in pairs]
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize(("stride", "offset"), [(1, 0), (3, 5), (7, 0)])
+@pytest.mark.parametrize("shifted", [False, True])
+def test_kernel_maps_window_indices_to_first_tokens_by_stride_and_offset(
+    dtype, stride, offset, shifted
+):
+    tokens = np.random.default_rng(2).integers(0, 100, 90).astype(dtype)
+    block = 5
+    indices = np.array([0, 9, 3, 3, 11], np.int64)  # offset + stride * 11 + block < 90
+    expected = np.stack([tokens[offset + stride * w :][: block + 1] for w in indices])
+    windows = np.empty((5, block), np.int64)
+    targets, next_tokens = (
+        (np.empty((5, block), np.int64), None) if shifted else (None, np.empty(5, np.int64))
+    )
+    _windows.gather_windows(tokens, indices, windows, next_tokens, targets, None, 2, stride, offset)
+    np.testing.assert_array_equal(windows, expected[:, :-1])
+    if shifted:
+        np.testing.assert_array_equal(targets, expected[:, 1:])
+    else:
+        np.testing.assert_array_equal(next_tokens, expected[:, -1])

@@ -148,15 +148,28 @@ class WindowGather:
 
         With ``position_ids`` (and ``label_continues``) also the rows' document positions.
         """
-        starts = self.token_starts(windows_index)
         if self._single is not None:
             # A window start s of a segment has s + block inside the segment, hence the shard.
-            self._kernel(self._single, starts, windows, next_tokens, targets, None, self._prefetch)
+            # With one segment the kernel maps indices to first tokens itself: no array.
+            affine = self._one_segment_base is not None
+            starts = windows_index if affine else self.token_starts(windows_index)
+            stride, offset = (self._stride, self._one_segment_base) if affine else (1, 0)
+            self._kernel(
+                self._single,
+                starts,
+                windows,
+                next_tokens,
+                targets,
+                None,
+                self._prefetch,
+                stride,
+                offset,
+            )
             if position_ids is not None:
                 document_starts, shift, buckets = self._document_starts[0]
                 self._positions(
                     self._single,
-                    starts,
+                    self.token_starts(windows_index) if affine else starts,
                     document_starts,
                     buckets,
                     shift,
@@ -167,6 +180,7 @@ class WindowGather:
                     None,
                 )
             return
+        starts = self.token_starts(windows_index)
         if position_ids is None:
             # One kernel call for every shard: no grouping of rows by shard per batch.
             sharded = self._sharded

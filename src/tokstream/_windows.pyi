@@ -13,6 +13,8 @@ def gather_windows(
     targets: npt.NDArray[np.int64] | None = ...,  # int64_t[:, ::1], shape (b, block)
     rows: npt.NDArray[np.int64] | None = ...,  # const int64_t[:]
     prefetch: int = ...,  # Py_ssize_t, windows ahead; 0: none
+    stride: int = ...,  # int64_t, window i starts at offset + stride * starts[i]
+    offset: int = ...,  # int64_t
 ) -> None: ...
 def gather_sharded(
     anchor: npt.NDArray[np.integer],  # const token_t[::1], any shard (selects the dtype)

@@ -46,10 +46,14 @@ def gather_windows(
     int64_t[:, ::1] targets=None,
     const int64_t[:] rows=None,
     Py_ssize_t prefetch=0,
+    int64_t stride=1,
+    int64_t offset=0,
 ):
-    """gather_windows(const token_t[::1] tokens, const int64_t[:] starts, int64_t[:, ::1] windows, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, const int64_t[:] rows=None, Py_ssize_t prefetch=0)
+    """gather_windows(const token_t[::1] tokens, const int64_t[:] starts, int64_t[:, ::1] windows, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, const int64_t[:] rows=None, Py_ssize_t prefetch=0, int64_t stride=1, int64_t offset=0)
 
-    Copy window ``i`` (``tokens[starts[i] : starts[i] + block]``) into row ``rows[i]``.
+    Copy window ``i`` (``block`` tokens from ``s = offset + stride * starts[i]``) into row
+    ``rows[i]``: ``stride`` and ``offset`` map window indices of one segment to their first
+    tokens here, so that no batch builds that array (both default to tokens already).
 
     ``block`` is ``windows.shape[1]``. With ``next_tokens`` the token after each window goes to
     ``next_tokens[row]``; with ``targets`` the window shifted by one token goes to
@@ -58,8 +62,9 @@ def gather_windows(
     ``i`` is copied (:func:`tokstream._gather.prefetch_distance` chooses ``d``); 0 skips the
     software prefetch, for consecutive windows, which the hardware prefetcher already streams.
 
-    The caller guarantees ``0 <= starts[i]`` and ``starts[i] + block < len(tokens)``, that every
-    row index is below ``windows.shape[0]``, and that the target buffer has the matching shape.
+    The caller guarantees ``0 <= s`` and ``s + block < len(tokens)`` for every window, that
+    every row index is below ``windows.shape[0]``, and that the target buffer has the matching
+    shape.
     """
     cdef Py_ssize_t count = starts.shape[0]
     cdef Py_ssize_t block = windows.shape[1]
@@ -72,14 +77,14 @@ def gather_windows(
             if prefetch > 0 and prefetch < count - i:
                 # starts[i + prefetch] is a validated window start, so every address from
                 # tokens[ahead] to tokens[ahead + block] lies inside ``tokens``.
-                ahead = starts[i + prefetch]
+                ahead = offset + stride * starts[i + prefetch]
                 j = 0
                 while j < block:
                     TOKSTREAM_PREFETCH(&tokens[ahead + j])
                     j += line_tokens
                 TOKSTREAM_PREFETCH(&tokens[ahead + block])
             # Validated on the Python side: start + block < len(tokens), row < windows.shape[0].
-            start = starts[i]
+            start = offset + stride * starts[i]
             row = rows[i] if indirect else i
             if token_t is int64_t and not TOKSTREAM_DEBUG:
                 memcpy(&windows[row, 0], &tokens[start], block * sizeof(int64_t))
