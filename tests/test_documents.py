@@ -22,8 +22,8 @@ from tests.oracle_documents import (
     expected_batches,
     materialized_orders,
 )
-from tokstream import Corpus, open_tokens, reference, stream_token_source
-from tokstream._documents import document_pieces
+from tokstream import Corpus, _windows, open_tokens, reference, stream_token_source
+from tokstream._documents import document_pieces, gather_documents
 from tokstream._gather import WindowGather, _document_buckets
 
 
@@ -473,3 +473,29 @@ def test_window_starts_over_many_documents_match_a_searchsorted_oracle(seed):
     document = np.searchsorted(offsets, windows, side="right") - 1
     expected = corpus.document_boundaries[document] + (windows - offsets[document]) * stride
     np.testing.assert_array_equal(gather.token_starts(windows), expected)
+
+
+@pytest.mark.skipif(not _windows.DEBUG_BUILD, reason="release builds run without bounds checks")
+def test_debug_build_catches_an_out_of_range_document_window():
+    tokens = np.arange(10, dtype=np.int64)
+    starts, shift, buckets = np.zeros(0, np.int64), *_document_buckets(np.zeros(0, np.int64), 10)
+    windows, targets = np.empty((1, 4), np.int64), np.empty((1, 4), np.int64)
+    positions, continues = np.empty((1, 4), np.int64), np.empty((1, 4), np.uint8)
+    with pytest.raises(IndexError):
+        gather_documents(
+            tokens,
+            np.array([6], np.int64),  # 6 + 4 == len(tokens): the last label is out of range
+            windows,
+            None,
+            targets,
+            None,
+            0,
+            starts,
+            buckets,
+            shift,
+            0,
+            False,
+            positions,
+            continues,
+            np.empty(1, np.int64),
+        )

@@ -3,9 +3,14 @@
 import numpy as np
 import numpy.typing as npt
 
-def document_positions(
+def gather_documents(
     tokens: npt.NDArray[np.integer],  # const token_t[::1], any of the 8 fixed-width int dtypes
     starts: npt.NDArray[np.int64],  # const int64_t[:]
+    windows: npt.NDArray[np.int64],  # int64_t[:, ::1], shape (b, block)
+    next_tokens: npt.NDArray[np.int64] | None,  # int64_t[::1], shape (b,)
+    targets: npt.NDArray[np.int64] | None,  # int64_t[:, ::1], shape (b, block)
+    rows: npt.NDArray[np.int64] | None,  # const int64_t[:]
+    prefetch: int,  # Py_ssize_t, windows ahead; 0: none
     document_starts: npt.NDArray[np.int64],  # const int64_t[::1], sorted, local to tokens
     document_buckets: npt.NDArray[np.int64],  # const int64_t[::1], starts <= k << shift
     bucket_shift: int,  # int
@@ -13,7 +18,7 @@ def document_positions(
     use_eos: bool,  # bint
     position_ids: npt.NDArray[np.int64],  # int64_t[:, ::1], shape (b, block)
     label_continues: npt.NDArray[np.uint8],  # uint8_t[:, ::1], shape (b, block) or (b, 1)
-    rows: npt.NDArray[np.int64] | None = ...,  # const int64_t[:]
+    first_after: npt.NDArray[np.int64],  # int64_t[::1], scratch of at least len(starts)
 ) -> None: ...
 def document_pieces(
     position_ids: npt.NDArray[np.int64],  # const int64_t[:, ::1], shape (b, block)

@@ -1,15 +1,24 @@
-"""The document kernel: where documents start inside each gathered window.
+"""The document kernel: windows gathered with where documents start inside each.
 
-Called for the same windows as :func:`tokstream._windows.gather_windows`, right after it, so the
-window's tokens are still in cache when the ``eos`` rule reads them. Nothing here validates or
-allocates; the Python side (``tokstream._gather``) proves every index in range.
+:func:`gather_documents` copies each window and writes its position ids and loss mask in the
+same loop, while the window's tokens are in cache for the ``eos`` rule. Nothing here validates
+or allocates; the Python side (``tokstream._gather``) proves every index in range.
 """
 
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
+from tokstream._copy cimport copy_window, prefetch_window
 from tokstream._types cimport token_t
 from libc.string cimport memset
+
+cdef extern from *:
+    """
+    #ifndef TOKSTREAM_DEBUG
+    #define TOKSTREAM_DEBUG 0
+    #endif
+    """
+    const bint TOKSTREAM_DEBUG
 
 
 cdef inline Py_ssize_t _first_above(
@@ -38,9 +47,14 @@ cdef inline void _ramp(int64_t *out, Py_ssize_t length) noexcept nogil:
 
 # Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
 @cython.embedsignature(False)
-def document_positions(
+def gather_documents(
     const token_t[::1] tokens,
     const int64_t[:] starts,
+    int64_t[:, ::1] windows,
+    int64_t[::1] next_tokens,
+    int64_t[:, ::1] targets,
+    const int64_t[:] rows,
+    Py_ssize_t prefetch,
     const int64_t[::1] document_starts,
     const int64_t[::1] document_buckets,
     int bucket_shift,
@@ -48,13 +62,14 @@ def document_positions(
     bint use_eos,
     int64_t[:, ::1] position_ids,
     uint8_t[:, ::1] label_continues,
-    const int64_t[:] rows=None,
+    int64_t[::1] first_after,
 ):
-    """document_positions(const token_t[::1] tokens, const int64_t[:] starts, const int64_t[::1] document_starts, const int64_t[::1] document_buckets, int bucket_shift, int64_t eos, bint use_eos, int64_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, const int64_t[:] rows=None)
+    """gather_documents(const token_t[::1] tokens, const int64_t[:] starts, int64_t[:, ::1] windows, int64_t[::1] next_tokens, int64_t[:, ::1] targets, const int64_t[:] rows, Py_ssize_t prefetch, const int64_t[::1] document_starts, const int64_t[::1] document_buckets, int bucket_shift, int64_t eos, bint use_eos, int64_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, int64_t[::1] first_after)
 
-    Position ids of window ``i`` (``block = position_ids.shape[1]`` tokens from ``starts[i]``)
-    into row ``rows[i]``, and whether each label belongs to the same document as the token it is
-    predicted from.
+    :func:`tokstream._windows.gather_windows` (window ``i``, ``block`` tokens from ``starts[i]``,
+    into row ``rows[i]``, or ``i`` if ``rows`` is None; ``next_tokens`` or ``targets``; prefetch
+    ``prefetch`` windows ahead) with, in the same loop, each row's position ids and whether each
+    label belongs to the same document as the token it is predicted from.
 
     A token starts a document when its index is in ``document_starts`` (sorted, local to
     ``tokens``, a start repeated for each empty document) or, with ``use_eos``, when the token
@@ -62,40 +77,60 @@ def document_positions(
     document start and one more than the token before elsewhere. ``label_continues`` is
     ``(b, block)`` for shifted targets (``[r, j]`` is 0 when token ``starts[i] + j + 1`` starts a
     document) or ``(b, 1)`` for next tokens (``[r, 0]`` is 0 when token ``starts[i] + block``
-    does): the loss mask, written in the same pass.
+    does): the loss mask.
 
     ``document_buckets[k]`` counts the document starts ``<= k << bucket_shift`` (see
     :func:`tokstream._gather._document_buckets`), so the first start after a window's is
-    searched among the few of its bucket, not all of them.
+    searched among the few of its bucket, not all of them. Those lookups come first, for every
+    window, into ``first_after`` (scratch of at least ``len(starts)``): independent of each
+    other, their cache misses overlap, where inside the copy loop each would stall it.
 
-    The caller guarantees ``0 <= starts[i]`` and ``starts[i] + block < len(tokens)``, every row
-    below ``position_ids.shape[0]`` and ``label_continues.shape[0]``,
-    ``label_continues.shape[1]`` either ``block`` or 1, and ``document_buckets`` of
-    ``((len(tokens) - 1) >> bucket_shift) + 2`` nondecreasing counts.
+    The caller guarantees ``0 <= starts[i]`` and ``starts[i] + block < len(tokens)``; every row
+    below the buffers' first dimension; ``windows``, ``targets`` and ``position_ids`` of width
+    ``block``, ``label_continues`` of width ``block`` or 1; exactly one of ``next_tokens`` and
+    ``targets``; and ``document_buckets`` of ``((len(tokens) - 1) >> bucket_shift) + 2``
+    nondecreasing counts.
     """
     cdef Py_ssize_t count = starts.shape[0]
-    cdef Py_ssize_t block = position_ids.shape[1]
+    cdef Py_ssize_t block = windows.shape[1]
     cdef Py_ssize_t num_documents = document_starts.shape[0]
+    cdef bint shifted = targets is not None
     cdef bint indirect = rows is not None
     cdef bint per_label = label_continues.shape[1] == block
     cdef Py_ssize_t i, j, row, next_document, piece, end, next_piece
-    cdef int64_t start, next_start, position
+    cdef int64_t start, next_start, position, checked = 0
     cdef int64_t *out
     cdef uint8_t *continues
     cdef bint breaks
     with nogil:
         for i in range(count):
-            # Validated on the Python side: start + block < len(tokens), row < shape[0].
+            # The index of the first document start after the window's first token.
             start = starts[i]
-            row = rows[i] if indirect else i
-            out = &position_ids[row, 0]
-            continues = &label_continues[row, 0]
-            next_document = _first_above(
+            first_after[i] = _first_above(
                 document_starts,
                 document_buckets[start >> bucket_shift],
                 document_buckets[(start >> bucket_shift) + 1],
                 start,
             )
+        for i in range(count):
+            if prefetch > 0 and prefetch < count - i:
+                # A validated window start: its block + 1 tokens lie inside ``tokens``.
+                prefetch_window(&tokens[starts[i + prefetch]], block)
+            # Validated on the Python side: start + block < len(tokens), row < shape[0].
+            start = starts[i]
+            row = rows[i] if indirect else i
+            if TOKSTREAM_DEBUG:
+                checked += tokens[start + block] + position_ids[row, block - 1]
+            copy_window(
+                &tokens[start],
+                block,
+                &windows[row, 0],
+                &targets[row, 0] if shifted else NULL,
+                NULL if shifted else &next_tokens[row],
+            )
+            out = &position_ids[row, 0]
+            continues = &label_continues[row, 0]
+            next_document = first_after[i]
             if per_label:
                 memset(continues, 1, block)
             else:

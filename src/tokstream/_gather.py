@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from tokstream._advice import advise_windows
-from tokstream._documents import document_positions, segment_token_starts
+from tokstream._documents import gather_documents, segment_token_starts
 from tokstream._options import StreamOptions
 from tokstream._windows import gather_sharded, gather_windows
 from tokstream.corpus import Corpus, _cumulative, _read_only, windows_per_segment
@@ -106,7 +106,7 @@ class WindowGather:
             _read_only(self._shard_starts[nonempty].copy()),
             _read_only(self._shard_starts[nonempty] + corpus.lengths[nonempty]),
         )
-        self._positions = document_positions.__signatures__[key]
+        self._documents = gather_documents.__signatures__[key]
         self._advise = advise_windows.__signatures__[key]
         self._eos = 0 if eos is None else eos
         self._use_eos = eos is not None
@@ -148,6 +148,30 @@ class WindowGather:
 
         With ``position_ids`` (and ``label_continues``) also the rows' document positions.
         """
+        if position_ids is not None:
+            # Windows and their document positions in one loop, one call per shard touched.
+            starts = self.token_starts(windows_index)
+            pieces = [(0, None, starts)] if self._single is not None else self._by_shard(starts)
+            for shard, group, local_starts in pieces:
+                document_starts, shift, buckets = self._document_starts[shard]
+                self._documents(
+                    self._shards[shard],
+                    local_starts,
+                    windows,
+                    next_tokens,
+                    targets,
+                    group,
+                    self._prefetch,
+                    document_starts,
+                    buckets,
+                    shift,
+                    self._eos,
+                    self._use_eos,
+                    position_ids,
+                    label_continues,
+                    np.empty(local_starts.shape[0], np.int64),
+                )
+            return
         if self._single is not None:
             # A window start s of a segment has s + block inside the segment, hence the shard.
             # With one segment the kernel maps indices to first tokens itself: no array.
@@ -165,56 +189,21 @@ class WindowGather:
                 stride,
                 offset,
             )
-            if position_ids is not None:
-                document_starts, shift, buckets = self._document_starts[0]
-                self._positions(
-                    self._single,
-                    self.token_starts(windows_index) if affine else starts,
-                    document_starts,
-                    buckets,
-                    shift,
-                    self._eos,
-                    self._use_eos,
-                    position_ids,
-                    label_continues,
-                    None,
-                )
             return
-        starts = self.token_starts(windows_index)
-        if position_ids is None:
-            # One kernel call for every shard: no grouping of rows by shard per batch.
-            sharded = self._sharded
-            sources = np.empty(starts.shape[0], np.int64)
-            self._kernel_sharded(
-                sharded[0],
-                sharded[1],
-                sharded[2],
-                sharded[3],
-                starts,
-                sources,
-                windows,
-                next_tokens,
-                targets,
-                self._prefetch,
-            )
-            return
-        for shard, group, local_starts in self._by_shard(starts):
-            tokens = self._shards[shard]
-            self._kernel(tokens, local_starts, windows, next_tokens, targets, group, self._prefetch)
-            if position_ids is not None:
-                document_starts, shift, buckets = self._document_starts[shard]
-                self._positions(
-                    tokens,
-                    local_starts,
-                    document_starts,
-                    buckets,
-                    shift,
-                    self._eos,
-                    self._use_eos,
-                    position_ids,
-                    label_continues,
-                    group,
-                )
+        # One kernel call for every shard: no grouping of rows by shard per batch.
+        sharded = self._sharded
+        self._kernel_sharded(
+            sharded[0],
+            sharded[1],
+            sharded[2],
+            sharded[3],
+            self.token_starts(windows_index),
+            np.empty(windows_index.shape[0], np.int64),
+            windows,
+            next_tokens,
+            targets,
+            self._prefetch,
+        )
 
     def advise(self, windows_index: np.ndarray, sample: int) -> int:
         """Ask the OS to start reading these windows, unless a sample of them is in memory.

@@ -9,8 +9,8 @@ bounds checks off, the debug build (``TOKSTREAM_DEBUG=1`` at build time) with th
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
+from tokstream._copy cimport copy_window, prefetch_window
 from tokstream._types cimport token_t
-from libc.string cimport memcpy
 
 cdef extern from *:
     """
@@ -21,15 +21,11 @@ cdef extern from *:
     const bint TOKSTREAM_DEBUG
 
 cdef extern from "_portable.h":
-    void TOKSTREAM_PREFETCH(const void *p) noexcept nogil
     uint64_t tokstream_mulhi64(uint64_t a, uint64_t b) noexcept nogil
 
 
 #: True when this module was compiled with bounds checks on (``TOKSTREAM_DEBUG=1``).
 DEBUG_BUILD = bool(TOKSTREAM_DEBUG)
-
-cdef enum:
-    _CACHE_LINE = 64
 
 # ---------------------------------------------------------------------------------------------
 # Window gather
@@ -70,34 +66,26 @@ def gather_windows(
     cdef Py_ssize_t block = windows.shape[1]
     cdef bint shifted = targets is not None
     cdef bint indirect = rows is not None
-    cdef Py_ssize_t line_tokens = max(1, _CACHE_LINE // <Py_ssize_t>sizeof(token_t))
-    cdef Py_ssize_t i, j, row, start, ahead
+    cdef Py_ssize_t i, row
+    cdef int64_t start, checked = 0
     with nogil:
         for i in range(count):
             if prefetch > 0 and prefetch < count - i:
-                # starts[i + prefetch] is a validated window start, so every address from
-                # tokens[ahead] to tokens[ahead + block] lies inside ``tokens``.
-                ahead = offset + stride * starts[i + prefetch]
-                j = 0
-                while j < block:
-                    TOKSTREAM_PREFETCH(&tokens[ahead + j])
-                    j += line_tokens
-                TOKSTREAM_PREFETCH(&tokens[ahead + block])
+                # starts[i + prefetch] maps to a validated window start, so every address from
+                # its first token to its last lies inside ``tokens``.
+                prefetch_window(&tokens[offset + stride * starts[i + prefetch]], block)
             # Validated on the Python side: start + block < len(tokens), row < windows.shape[0].
             start = offset + stride * starts[i]
             row = rows[i] if indirect else i
-            if token_t is int64_t and not TOKSTREAM_DEBUG:
-                memcpy(&windows[row, 0], &tokens[start], block * sizeof(int64_t))
-                if shifted:
-                    memcpy(&targets[row, 0], &tokens[start + 1], block * sizeof(int64_t))
-            else:
-                for j in range(block):
-                    windows[row, j] = tokens[start + j]
-                if shifted:
-                    for j in range(block):
-                        targets[row, j] = tokens[start + 1 + j]
-            if not shifted:
-                next_tokens[row] = tokens[start + block]
+            if TOKSTREAM_DEBUG:
+                checked += tokens[start + block]
+            copy_window(
+                &tokens[start],
+                block,
+                &windows[row, 0],
+                &targets[row, 0] if shifted else NULL,
+                NULL if shifted else &next_tokens[row],
+            )
 
 
 # Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
@@ -132,11 +120,8 @@ def gather_sharded(
     cdef Py_ssize_t block = windows.shape[1]
     cdef Py_ssize_t num_shards = shard_starts.shape[0]
     cdef bint shifted = targets is not None
-    cdef Py_ssize_t line_tokens = max(1, _CACHE_LINE // <Py_ssize_t>sizeof(token_t))
-    cdef Py_ssize_t i, j, base, size, half
+    cdef Py_ssize_t i, base, size, half
     cdef int64_t start
-    cdef const token_t *source
-    cdef const token_t *ahead
     for i in range(count):
         start = starts[i]
         # The last shard whose first token is <= start (branch-free: random windows).
@@ -155,26 +140,15 @@ def gather_sharded(
     with nogil:
         for i in range(count):
             if prefetch > 0 and prefetch < count - i:
-                ahead = <const token_t *><size_t>sources[i + prefetch]
-                j = 0
-                while j < block:
-                    TOKSTREAM_PREFETCH(&ahead[j])
-                    j += line_tokens
-                TOKSTREAM_PREFETCH(&ahead[block])
+                prefetch_window(<const token_t *><size_t>sources[i + prefetch], block)
             # Every window's block + 1 tokens lie in its shard (checked above in debug builds).
-            source = <const token_t *><size_t>sources[i]
-            if token_t is int64_t:
-                memcpy(&windows[i, 0], source, block * sizeof(int64_t))
-                if shifted:
-                    memcpy(&targets[i, 0], &source[1], block * sizeof(int64_t))
-            else:
-                for j in range(block):
-                    windows[i, j] = source[j]
-                if shifted:
-                    for j in range(block):
-                        targets[i, j] = source[1 + j]
-            if not shifted:
-                next_tokens[i] = source[block]
+            copy_window(
+                <const token_t *><size_t>sources[i],
+                block,
+                &windows[i, 0],
+                &targets[i, 0] if shifted else NULL,
+                NULL if shifted else &next_tokens[i],
+            )
 
 # ---------------------------------------------------------------------------------------------
 # Keyed permutation of [0, n): an alternating Feistel network on a mixed-radix domain
