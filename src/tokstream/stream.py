@@ -210,7 +210,7 @@ class TokenStream(Iterator[Batch]):
             windows_index = order.batch_windows(cursor, count)
         else:
             windows_index = self._readahead.batch_windows(cursor, count)
-        if options.reuse_buffers or options.extras:
+        if options.extras:
             buffers = (
                 _batch.rows_of(self._ring_slot(), count)
                 if options.reuse_buffers
@@ -221,12 +221,18 @@ class TokenStream(Iterator[Batch]):
         else:
             # The plain batch, without the buffer bookkeeping: this is the per-batch fixed cost
             # that small batches of long windows feel.
-            windows = np.empty((count, options.block), np.int64)
+            if options.reuse_buffers:
+                slot = self._ring_slot()
+                windows, labels = slot["input_ids"], slot["labels"]
+                if count < windows.shape[0]:
+                    windows, labels = windows[:count], labels[:count]
+            else:
+                windows = np.empty((count, options.block), np.int64)
+                shape = (count,) if options.targets == "next" else (count, options.block)
+                labels = np.empty(shape, np.int64)
             if options.targets == "next":
-                labels = np.empty(count, np.int64)
                 self._gather(windows_index, windows, labels)
             else:
-                labels = np.empty((count, options.block), np.int64)
                 self._gather(windows_index, windows, None, labels)
             batch = windows, labels
         # The cursor moves in one assignment, so an interrupt leaves it before or after.
