@@ -206,6 +206,15 @@ def test_each_source_epoch_is_a_permutation_of_that_sources_windows(shuffle):
         assert previous_orders[0].tolist() != previous_orders[1][:37].tolist()
 
 
+def test_samples_permuted_side_by_side_equal_samples_permuted_one_at_a_time():
+    # Tiny sources change epochs (and keys) inside most groups of the kernel's lanes.
+    mixture = mix(tagged_sources([9, 30, 4]), {"s0": 3, "s1": 5, "s2": 2})
+    stream = stream_token_source(mixture, 1, 40, epochs=30, seed=5)
+    together = np.concatenate([x[:, 0] for x, _ in stream])
+    alone = stream_token_source(mixture, 1, 1, epochs=30, seed=5)
+    assert together.tolist() == np.concatenate([x[:, 0] for x, _ in alone]).tolist()
+
+
 def test_a_shuffled_source_order_is_its_keyed_implicit_permutation():
     sizes = [60, 90]
     mixture = mix(tagged_sources(sizes), {"s0": 1, "s1": 1})

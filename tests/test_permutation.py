@@ -164,3 +164,17 @@ def test_implicit_permutation_needs_no_per_epoch_array():
     batch_bytes = 256 * 8 * 8 + 256 * 8
     assert peaks["materialized"] >= 8 * 1_000_000  # the int64 permutation of the windows
     assert peaks["implicit"] < 4 * batch_bytes + 64 * 1024
+
+
+@pytest.mark.parametrize("n", [1, 7, 9, 100, 1001, 123457])
+def test_positions_encrypted_side_by_side_equal_those_encrypted_one_at_a_time(n):
+    # Batches of 8 or more go through the kernel's side-by-side lanes, single positions never.
+    for first, count, stride in [(0, min(n, 64), 1), (n // 3, min(n - n // 3, 29), 1), (1, 9, 2)]:
+        if first + stride * (count - 1) >= n:
+            continue
+        together = implicit_order(n, seed=3, epoch=2, first=first, count=count, stride=stride)
+        alone = [
+            implicit_order(n, seed=3, epoch=2, first=first + stride * i, count=1)[0]
+            for i in range(count)
+        ]
+        assert together.tolist() == alone
