@@ -79,50 +79,60 @@ def test_debug_build_catches_an_out_of_range_window():
         _windows.gather_windows(tokens, np.array([7], np.int64), windows, np.empty(1, np.int64))
 
 
-def sharded_arguments(shards):
-    """``gather_sharded``'s shard description of ``shards`` (nonempty ones), laid end to end."""
-    lengths = np.array([len(s) for s in shards], np.int64)
-    firsts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    kept = np.flatnonzero(lengths)
+def segment_arguments(shards, block, stride):
+    """``gather_segments``' description of ``shards`` as segments (those holding a window)."""
+    counts = [max(0, (len(s) - block - 1) // stride + 1) for s in shards]
+    kept = [k for k, n in enumerate(counts) if n]
+    offsets = np.concatenate([[0], np.cumsum([counts[k] for k in kept])]).astype(np.int64)
     addresses = np.array([shards[k].ctypes.data for k in kept], np.uint64)
-    return addresses, firsts[kept], firsts[kept] + lengths[kept]
+    lengths = np.array([len(shards[k]) for k in kept], np.int64)
+    # One bucket per window (shift 0): always a valid description.
+    buckets = np.searchsorted(offsets[:-1], np.arange(offsets[-1]), side="right") - 1
+    buckets = np.append(buckets, len(kept) - 1).astype(np.int64)
+    return kept, offsets, addresses, lengths, buckets
 
 
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES)
 @pytest.mark.parametrize("prefetch", [0, 3])
-def test_sharded_kernel_gathers_each_window_from_its_own_shard(dtype, prefetch):
+@pytest.mark.parametrize("stride", [1, 4])
+def test_segment_kernel_gathers_each_window_from_its_own_segment(dtype, prefetch, stride):
     rng = np.random.default_rng(4)
-    shards = [rng.integers(0, 100, n).astype(dtype) for n in (30, 0, 12, 50, 9)]
-    addresses, firsts, ends = sharded_arguments(shards)
-    joined = np.concatenate(shards).astype(np.int64)
+    shards = [rng.integers(0, 100, n).astype(dtype) for n in (30, 0, 12, 50, 5, 9)]
     block = 6
-    valid = [g for k in range(len(firsts)) for g in range(firsts[k], ends[k] - block)]
-    starts = rng.choice(valid, 40).astype(np.int64)
+    kept, offsets, addresses, lengths, buckets = segment_arguments(shards, block, stride)
+    expected_rows = [
+        shards[k][j * stride :][: block + 1].astype(np.int64)
+        for k, n in zip(kept, np.diff(offsets), strict=True)
+        for j in range(n)
+    ]
+    index = rng.integers(0, offsets[-1], 40).astype(np.int64)
     windows, targets = np.empty((40, block), np.int64), np.empty((40, block), np.int64)
     next_tokens = np.empty(40, np.int64)
-    sources = np.empty(40, np.int64)
-    kernel = _windows.gather_sharded
-    described = (shards[0], addresses, firsts, ends, starts, sources, windows)
-    kernel(*described, next_tokens, None, prefetch)
-    expected = np.stack([joined[g : g + block + 1] for g in starts])
+    described = (shards[0], index, offsets, addresses, lengths, buckets, 0, stride)
+    kernel = _windows.gather_segments
+    kernel(*described, np.empty(40, np.int64), windows, next_tokens, None, prefetch)
+    expected = np.stack([expected_rows[w] for w in index])
     np.testing.assert_array_equal(windows, expected[:, :-1])
     np.testing.assert_array_equal(next_tokens, expected[:, -1])
-    kernel(*described, None, targets, prefetch)
+    kernel(*described, np.empty(40, np.int64), windows, None, targets, prefetch)
     np.testing.assert_array_equal(targets, expected[:, 1:])
 
 
 @pytest.mark.skipif(not _windows.DEBUG_BUILD, reason="release builds run without bounds checks")
-def test_debug_build_catches_a_window_across_two_shards():
+def test_debug_build_catches_a_window_past_its_segment():
     shards = [np.arange(10), np.arange(10)]
-    addresses, firsts, ends = sharded_arguments(shards)
+    _, offsets, addresses, lengths, buckets = segment_arguments(shards, 4, 1)
     windows, next_tokens = np.empty((1, 4), np.int64), np.empty(1, np.int64)
-    with pytest.raises(IndexError, match="one shard"):
-        _windows.gather_sharded(
+    with pytest.raises(IndexError, match="inside its segment"):
+        _windows.gather_segments(
             shards[0],
+            np.array([5], np.int64),
+            offsets,
             addresses,
-            firsts,
-            ends,
-            np.array([8]),
+            lengths - 1,  # a description that claims one token fewer than the windows need
+            buckets,
+            0,
+            1,
             np.empty(1, np.int64),
             windows,
             next_tokens,

@@ -14,7 +14,7 @@ import numpy as np
 from tokstream._advice import advise_windows
 from tokstream._documents import gather_documents, segment_token_starts
 from tokstream._options import StreamOptions
-from tokstream._windows import gather_sharded, gather_windows
+from tokstream._windows import gather_segments, gather_windows
 from tokstream.corpus import Corpus, _cumulative, _read_only, windows_per_segment
 
 #: The kernel prefetches about this many bytes of window data ahead of the window it copies,
@@ -96,15 +96,17 @@ class WindowGather:
         # no batch pays the fused-type dispatch.
         key = f"{corpus.dtype.name}_t"
         self._kernel = gather_windows.__signatures__[key]
-        self._kernel_sharded = gather_sharded.__signatures__[key]
-        # (a shard, each nonempty shard's address, first and past-the-end token): every window
-        # lies in one nonempty shard, and the arrays live as long as ``self._shards``.
-        nonempty = np.flatnonzero(corpus.lengths)
-        self._sharded = (
+        self._kernel_segments = gather_segments.__signatures__[key]
+        # (a shard, each segment's first-token address, each segment's length): every segment
+        # lies in one shard (a shard starts every document), found as the last shard starting
+        # at or before it; the addresses stay valid as long as ``self._shards`` lives.
+        shard_of = np.searchsorted(self._shard_starts, self._segment_starts, side="right") - 1
+        shard_addresses = np.array([shard.ctypes.data for shard in self._shards], np.uint64)
+        local = (self._segment_starts - self._shard_starts[shard_of]).astype(np.uint64)
+        self._segments = (
             self._shards[0],
-            _read_only(np.array([self._shards[k].ctypes.data for k in nonempty], np.uint64)),
-            _read_only(self._shard_starts[nonempty].copy()),
-            _read_only(self._shard_starts[nonempty] + corpus.lengths[nonempty]),
+            _read_only(shard_addresses[shard_of] + local * np.uint64(corpus.dtype.itemsize)),
+            _read_only(segment_lengths[kept].astype(np.int64)),
         )
         self._documents = gather_documents.__signatures__[key]
         self._advise = advise_windows.__signatures__[key]
@@ -172,32 +174,31 @@ class WindowGather:
                     np.empty(local_starts.shape[0], np.int64),
                 )
             return
-        if self._single is not None:
-            # A window start s of a segment has s + block inside the segment, hence the shard.
-            # With one segment the kernel maps indices to first tokens itself: no array.
-            affine = self._one_segment_base is not None
-            starts = windows_index if affine else self.token_starts(windows_index)
-            stride, offset = (self._stride, self._one_segment_base) if affine else (1, 0)
+        if self._single is not None and self._one_segment_base is not None:
+            # One segment in one shard: the kernel maps indices to first tokens itself.
             self._kernel(
                 self._single,
-                starts,
+                windows_index,
                 windows,
                 next_tokens,
                 targets,
                 None,
                 self._prefetch,
-                stride,
-                offset,
+                self._stride,
+                self._one_segment_base,
             )
             return
-        # One kernel call for every shard: no grouping of rows by shard per batch.
-        sharded = self._sharded
-        self._kernel_sharded(
-            sharded[0],
-            sharded[1],
-            sharded[2],
-            sharded[3],
-            self.token_starts(windows_index),
+        # Any other index space: each window's segment looked up in the kernel, one call.
+        anchor, addresses, lengths = self._segments
+        self._kernel_segments(
+            anchor,
+            windows_index,
+            self.offsets,
+            addresses,
+            lengths,
+            self._bucket_segments,
+            self._bucket_shift,
+            self._stride,
             np.empty(windows_index.shape[0], np.int64),
             windows,
             next_tokens,
@@ -269,7 +270,7 @@ def _segment_buckets(offsets: np.ndarray) -> tuple[int, np.ndarray]:
     in its bucket: O(segments) memory, and a lookup that does not grow with their number.
     """
     segments, num_windows = offsets.shape[0] - 1, int(offsets[-1])
-    if segments <= 1 or num_windows == 0:
+    if num_windows == 0:
         return 0, np.zeros(2, np.int64)
     shift = max(0, (num_windows - 1).bit_length() - (segments - 1).bit_length())
     firsts = np.arange(((num_windows - 1) >> shift) + 1, dtype=np.int64) << shift

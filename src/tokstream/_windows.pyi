@@ -16,12 +16,15 @@ def gather_windows(
     stride: int = ...,  # int64_t, window i starts at offset + stride * starts[i]
     offset: int = ...,  # int64_t
 ) -> None: ...
-def gather_sharded(
+def gather_segments(
     anchor: npt.NDArray[np.integer],  # const token_t[::1], any shard (selects the dtype)
-    addresses: npt.NDArray[np.uint64],  # const uint64_t[::1], each shard's first token
-    shard_starts: npt.NDArray[np.int64],  # const int64_t[::1]
-    shard_ends: npt.NDArray[np.int64],  # const int64_t[::1]
-    starts: npt.NDArray[np.int64],  # const int64_t[:]
+    windows_index: npt.NDArray[np.int64],  # const int64_t[:]
+    offsets: npt.NDArray[np.int64],  # const int64_t[::1], cumulative windows per segment
+    segment_addresses: npt.NDArray[np.uint64],  # const uint64_t[::1], each segment's first token
+    segment_lengths: npt.NDArray[np.int64],  # const int64_t[::1], tokens per segment
+    bucket_segments: npt.NDArray[np.int64],  # const int64_t[::1], segment of window b << shift
+    shift: int,  # int
+    stride: int,  # int64_t
     sources: npt.NDArray[np.int64],  # int64_t[::1], scratch
     windows: npt.NDArray[np.int64],  # int64_t[:, ::1], shape (b, block)
     next_tokens: npt.NDArray[np.int64] | None = ...,  # int64_t[::1], shape (b,)

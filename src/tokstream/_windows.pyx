@@ -90,58 +90,70 @@ def gather_windows(
 
 # Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
 @cython.embedsignature(False)
-def gather_sharded(
+def gather_segments(
     const token_t[::1] anchor,
-    const uint64_t[::1] addresses,
-    const int64_t[::1] shard_starts,
-    const int64_t[::1] shard_ends,
-    const int64_t[:] starts,
+    const int64_t[:] windows_index,
+    const int64_t[::1] offsets,
+    const uint64_t[::1] segment_addresses,
+    const int64_t[::1] segment_lengths,
+    const int64_t[::1] bucket_segments,
+    int shift,
+    int64_t stride,
     int64_t[::1] sources,
     int64_t[:, ::1] windows,
     int64_t[::1] next_tokens=None,
     int64_t[:, ::1] targets=None,
     Py_ssize_t prefetch=0,
 ):
-    """gather_sharded(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] shard_starts, const int64_t[::1] shard_ends, const int64_t[:] starts, int64_t[::1] sources, int64_t[:, ::1] windows, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, Py_ssize_t prefetch=0)
+    """gather_segments(const token_t[::1] anchor, const int64_t[:] windows_index, const int64_t[::1] offsets, const uint64_t[::1] segment_addresses, const int64_t[::1] segment_lengths, const int64_t[::1] bucket_segments, int shift, int64_t stride, int64_t[::1] sources, int64_t[:, ::1] windows, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, Py_ssize_t prefetch=0)
 
-    :func:`gather_windows` over several shards in one call, row ``i`` from window ``i``.
+    :func:`gather_windows` for windows given by their index in a space of segments (shards,
+    documents, a mixture's sources), row ``i`` from window ``windows_index[i]``, in one call.
 
-    Shard ``k`` holds the tokens ``shard_starts[k] <= g < shard_ends[k]`` of the shards laid end
-    to end (nonempty shards only, in order), its first token at address ``addresses[k]``;
-    ``anchor`` is any shard, for the dtype. ``starts`` are windows' first tokens in that
-    numbering; ``sources`` (scratch, at least ``len(starts)``) receives each window's address, so
-    that the copy loop can prefetch ``prefetch`` windows ahead.
+    Window ``w`` of segment ``j`` (``offsets[j] <= w < offsets[j + 1]``) starts ``(w -
+    offsets[j]) * stride`` tokens after the segment's first token, which is at address
+    ``segment_addresses[j]`` (a segment lies inside one array; ``anchor`` is any of them, for
+    the dtype). ``bucket_segments[b]`` is the segment of window ``b << shift`` (its last entry
+    the last segment), so a window's segment is searched among the few of its bucket. First
+    every window's address goes to ``sources`` (scratch, at least ``len(windows_index)``): the
+    lookups are independent, so their cache misses overlap; then the copy loop prefetches
+    ``prefetch`` windows ahead.
 
-    The caller guarantees that every address points at a live array of ``token_t`` of
-    ``shard_ends[k] - shard_starts[k]`` elements, and that each window's ``block + 1`` tokens lie
-    inside one shard; the debug build checks the second.
+    The caller guarantees ``0 <= w < offsets[-1]`` for every window, ``len(segment_addresses)
+    == len(segment_lengths) == len(offsets) - 1 >= 1``, ``len(bucket_segments) ==
+    (offsets[-1] - 1 >> shift) + 2`` with entries valid segments, and that every address
+    points at a live array of ``token_t`` holding the segment's ``segment_lengths[j]`` tokens,
+    of which each window's ``block + 1`` are; the debug build checks the last.
     """
-    cdef Py_ssize_t count = starts.shape[0]
+    cdef Py_ssize_t count = windows_index.shape[0]
     cdef Py_ssize_t block = windows.shape[1]
-    cdef Py_ssize_t num_shards = shard_starts.shape[0]
     cdef bint shifted = targets is not None
-    cdef Py_ssize_t i, base, size, half
-    cdef int64_t start
-    for i in range(count):
-        start = starts[i]
-        # The last shard whose first token is <= start (branch-free: random windows).
-        base, size = 0, num_shards
-        while size > 1:
-            half = size >> 1
-            base = base + half if shard_starts[base + half] <= start else base
-            size -= half
-        if TOKSTREAM_DEBUG and not (
-            shard_starts[base] <= start and start + block < shard_ends[base]
-        ):
-            raise IndexError(f"window at token {start} does not lie inside one shard")
-        sources[i] = <int64_t>(
-            addresses[base] + <uint64_t>(start - shard_starts[base]) * sizeof(token_t)
-        )
+    cdef Py_ssize_t i, low, high, middle
+    cdef int64_t window, start
     with nogil:
+        for i in range(count):
+            window = windows_index[i]
+            # The segment is the last j with offsets[j] <= window, in [low, high].
+            low = bucket_segments[window >> shift]
+            high = bucket_segments[(window >> shift) + 1]
+            while low < high:
+                middle = (low + high + 1) >> 1
+                if offsets[middle] <= window:
+                    low = middle
+                else:
+                    high = middle - 1
+            start = (window - offsets[low]) * stride
+            if TOKSTREAM_DEBUG and not (
+                offsets[low] <= window < offsets[low + 1]
+                and start + block < segment_lengths[low]
+            ):
+                with gil:
+                    raise IndexError(f"window {window} does not lie inside its segment")
+            sources[i] = <int64_t>(segment_addresses[low] + <uint64_t>start * sizeof(token_t))
         for i in range(count):
             if prefetch > 0 and prefetch < count - i:
                 prefetch_window(<const token_t *><size_t>sources[i + prefetch], block)
-            # Every window's block + 1 tokens lie in its shard (checked above in debug builds).
+            # Every window's block + 1 tokens lie in its segment (checked above in debug builds).
             copy_window(
                 <const token_t *><size_t>sources[i],
                 block,
