@@ -8,7 +8,7 @@ or allocates; the Python side (``tokstream._gather``) proves every index in rang
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
-from tokstream._copy cimport copy_window, prefetch_window
+from tokstream._inline cimport copy_window, prefetch_window, segment_of
 from tokstream._types cimport token_t
 from libc.string cimport memset
 
@@ -253,18 +253,10 @@ def segment_token_starts(
     len(offsets) - 1 >= 1``, ``len(bucket_segments) == (offsets[-1] - 1 >> shift) + 2`` with
     entries valid segments, and ``len(out) >= len(windows_index)``.
     """
-    cdef Py_ssize_t count = windows_index.shape[0], i, low, high, middle
+    cdef Py_ssize_t count = windows_index.shape[0], i, low
     cdef int64_t window
     with nogil:
         for i in range(count):
             window = windows_index[i]
-            # The segment is the last j with offsets[j] <= window, in [low, high].
-            low = bucket_segments[window >> shift]
-            high = bucket_segments[(window >> shift) + 1]
-            while low < high:
-                middle = (low + high + 1) >> 1
-                if offsets[middle] <= window:
-                    low = middle
-                else:
-                    high = middle - 1
+            low = segment_of(window, &offsets[0], &bucket_segments[0], shift)
             out[i] = segment_starts[low] + (window - offsets[low]) * stride

@@ -2,7 +2,8 @@
 
 For one ``block``, ``stride`` and window policy, :class:`WindowGather` numbers the corpus'
 windows (O(segments) memory: shards, or documents for ``windows="within"``) and fills a batch's
-buffers for a list of window indices, one kernel call per shard the batch touches.
+buffers for a list of window indices in one kernel call (one per shard touched when the
+document extras are asked for).
 """
 
 from __future__ import annotations
@@ -153,8 +154,8 @@ class WindowGather:
         if position_ids is not None:
             # Windows and their document positions in one loop, one call per shard touched.
             starts = self.token_starts(windows_index)
-            pieces = [(0, None, starts)] if self._single is not None else self._by_shard(starts)
-            for shard, group, local_starts in pieces:
+            groups = [(0, None, starts)] if self._single is not None else self._by_shard(starts)
+            for shard, group, local_starts in groups:
                 document_starts, shift, buckets = self._document_starts[shard]
                 self._documents(
                     self._shards[shard],

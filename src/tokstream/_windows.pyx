@@ -9,7 +9,7 @@ bounds checks off, the debug build (``TOKSTREAM_DEBUG=1`` at build time) with th
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
-from tokstream._copy cimport copy_window, prefetch_window
+from tokstream._inline cimport copy_window, prefetch_window, segment_of
 from tokstream._types cimport token_t
 
 cdef extern from *:
@@ -128,20 +128,12 @@ def gather_segments(
     cdef Py_ssize_t count = windows_index.shape[0]
     cdef Py_ssize_t block = windows.shape[1]
     cdef bint shifted = targets is not None
-    cdef Py_ssize_t i, low, high, middle
+    cdef Py_ssize_t i, low
     cdef int64_t window, start
     with nogil:
         for i in range(count):
             window = windows_index[i]
-            # The segment is the last j with offsets[j] <= window, in [low, high].
-            low = bucket_segments[window >> shift]
-            high = bucket_segments[(window >> shift) + 1]
-            while low < high:
-                middle = (low + high + 1) >> 1
-                if offsets[middle] <= window:
-                    low = middle
-                else:
-                    high = middle - 1
+            low = segment_of(window, &offsets[0], &bucket_segments[0], shift)
             start = (window - offsets[low]) * stride
             if TOKSTREAM_DEBUG and not (
                 offsets[low] <= window < offsets[low + 1]

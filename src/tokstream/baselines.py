@@ -151,7 +151,7 @@ def fast_one_buffer(
     The buffer discipline of :func:`c_loop`, so the two compare like with like: the buffer
     written last batch is still in the core's cache. A consumer that holds a batch while the
     next is made needs two buffers (:func:`fast_reuse`) and pays for it in cache misses
-    (docs/benchmarks.md measures how much).
+    (docs/out-of-core.md measures how much).
     """
     return _fast(
         token_ids, block, batch_size, epochs=epochs, shuffle=shuffle, seed=seed, reuse_buffers=1

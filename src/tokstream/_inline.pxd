@@ -1,9 +1,10 @@
-# One window's prefetch and copy: one definition, inlined into every gather kernel.
+# The small pieces several kernels share, one definition each, inlined where they are used: a
+# window's prefetch and copy, and the segment a window index falls in.
 #
 # They work on pointers: each caller proves that the window's block + 1 tokens lie inside its
-# corpus and that the rows it writes are rows of its buffers. The debug build checks that where
-# the caller takes the pointers (bounds-checked &tokens[start], &windows[row, 0]) and reads
-# tokens[start + block] before the copy.
+# corpus, that the rows it writes are rows of its buffers and that the tables it passes are
+# whole. The debug build checks the windows where the caller takes the pointers
+# (bounds-checked &tokens[start], &windows[row, 0]) and reads tokens[start + block].
 from libc.stdint cimport int64_t
 from libc.string cimport memcpy
 
@@ -44,3 +45,21 @@ cdef inline void copy_window(
                 target[j] = source[1 + j]
     if target == NULL:
         next_token[0] = source[block]
+
+
+cdef inline Py_ssize_t segment_of(
+    int64_t window, const int64_t *offsets, const int64_t *bucket_segments, int shift
+) noexcept nogil:
+    # The segment j with offsets[j] <= window < offsets[j + 1]: bucket_segments[b] is the
+    # segment of window b << shift, so it lies between the segments of the window's bucket and
+    # the next one's, a binary search among the few segments in between.
+    cdef Py_ssize_t low = bucket_segments[window >> shift]
+    cdef Py_ssize_t high = bucket_segments[(window >> shift) + 1]
+    cdef Py_ssize_t middle
+    while low < high:
+        middle = (low + high + 1) >> 1
+        if offsets[middle] <= window:
+            low = middle
+        else:
+            high = middle - 1
+    return low
