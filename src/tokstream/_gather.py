@@ -85,13 +85,13 @@ class WindowGather:
         counts = windows_per_segment(segment_lengths, block, stride)
         kept = np.flatnonzero(counts)
         self._segment_starts = _read_only(segment_starts[kept].copy())
-        self.offsets = _read_only(_cumulative(counts[kept]))
-        self.num_windows = int(self.offsets[-1])
+        self._offsets = _read_only(_cumulative(counts[kept]))
+        self.num_windows = int(self._offsets[-1])
         self._stride = stride
         # With a single segment a window's start is an affine function of its index.
-        one_segment = self.offsets.shape[0] == 2
+        one_segment = self._offsets.shape[0] == 2
         self._one_segment_base = int(self._segment_starts[0]) if one_segment else None
-        self._bucket_shift, self._bucket_segments = _segment_buckets(self.offsets)
+        self._bucket_shift, self._bucket_segments = _segment_buckets(self._offsets)
         self._single = self._shards[0] if len(self._shards) == 1 else None
         # The kernels specialised for the corpus dtype (keyed by its C type, e.g. "uint16_t"), so
         # no batch pays the fused-type dispatch.
@@ -120,6 +120,11 @@ class WindowGather:
             starts = _local_starts(corpus.document_boundaries, int(base), int(length))
             self._document_starts.append((starts, *_document_buckets(starts, int(length))))
 
+    @property
+    def offsets(self) -> np.ndarray:
+        """The first global window index of each segment holding a window, then their count."""
+        return self._offsets
+
     def token_starts(self, windows: np.ndarray) -> np.ndarray:
         """The first token of each window, in the shards laid end to end."""
         if self._one_segment_base is not None:
@@ -129,7 +134,7 @@ class WindowGather:
         starts = np.empty(windows.shape[0], np.int64)
         segment_token_starts(
             windows,
-            self.offsets,
+            self._offsets,
             self._segment_starts,
             self._stride,
             self._bucket_segments,
@@ -194,7 +199,7 @@ class WindowGather:
         self._kernel_segments(
             anchor,
             windows_index,
-            self.offsets,
+            self._offsets,
             addresses,
             lengths,
             self._bucket_segments,
