@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -113,49 +114,32 @@ def fast(
     epochs: int = 1,
     shuffle: bool = True,
     seed: int = 0,
+    reuse_buffers: int = 0,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """tokstream's fast path, :func:`tokstream.stream_token_source`, with its defaults."""
-    return _fast(token_ids, block, batch_size, epochs=epochs, shuffle=shuffle, seed=seed)
+    """tokstream's fast path, :func:`tokstream.stream_token_source`, with its defaults.
 
-
-def fast_reuse(
-    token_ids: Any,
-    block: int,
-    batch_size: int,
-    *,
-    epochs: int = 1,
-    shuffle: bool = True,
-    seed: int = 0,
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The fast path cycling through two preallocated batches (``reuse_buffers=2``).
-
-    Same batches as :func:`fast`, but each is overwritten two batches later: no fresh
-    multi-MB allocation (and its page faults) per batch.
+    ``reuse_buffers`` is there for :data:`fast_reuse` and :data:`fast_one_buffer`.
     """
     return _fast(
-        token_ids, block, batch_size, epochs=epochs, shuffle=shuffle, seed=seed, reuse_buffers=2
+        token_ids,
+        block,
+        batch_size,
+        epochs=epochs,
+        shuffle=shuffle,
+        seed=seed,
+        reuse_buffers=reuse_buffers,
     )
 
 
-def fast_one_buffer(
-    token_ids: Any,
-    block: int,
-    batch_size: int,
-    *,
-    epochs: int = 1,
-    shuffle: bool = True,
-    seed: int = 0,
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The fast path refilling one preallocated batch (``reuse_buffers=1``).
-
-    The buffer discipline of :func:`c_loop`, so the two compare like with like: the buffer
-    written last batch is still in the core's cache. A consumer that holds a batch while the
-    next is made needs two buffers (:func:`fast_reuse`) and pays for it in cache misses
-    (docs/out-of-core.md measures how much).
-    """
-    return _fast(
-        token_ids, block, batch_size, epochs=epochs, shuffle=shuffle, seed=seed, reuse_buffers=1
-    )
+#: The fast path cycling through two preallocated batches (``reuse_buffers=2``): the same
+#: batches as :func:`fast`, each overwritten two batches later, so no fresh multi-MB allocation
+#: (and its page faults) per batch.
+fast_reuse = partial(fast, reuse_buffers=2)
+#: The fast path refilling one preallocated batch (``reuse_buffers=1``): the buffer discipline
+#: of :func:`c_loop`, so the two compare like with like (the buffer written last batch is still
+#: in the core's cache). A consumer that holds a batch while the next is made needs two buffers
+#: (:data:`fast_reuse`) and pays for it in cache misses (docs/out-of-core.md measures how much).
+fast_one_buffer = partial(fast, reuse_buffers=1)
 
 
 def best_numpy(
