@@ -98,6 +98,7 @@ COMPILED = {
         ("_windows", "gather_windows", "tokens, starts, windows"),
         ("_windows", "permuted_positions", "out, first, stride"),
         ("_windows", "round_keys", "keys, seed, epoch"),
+        ("_windows", "mixture_schedule", "out, first, step"),
         ("_windows", "mixture_windows", "windows, first, step"),
         ("_advice", "advise_windows", "tokens, starts, span"),
         ("_advice", "resident_fraction", "tokens"),

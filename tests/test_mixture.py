@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import tokstream.mixture
 from tokstream import Corpus, TokenStream, mix, open_tokens, stream_token_source
 from tokstream._order import implicit_domain, implicit_round_keys
 from tokstream._state import Cursor
@@ -213,6 +214,47 @@ def test_samples_permuted_side_by_side_equal_samples_permuted_one_at_a_time():
     together = np.concatenate([x[:, 0] for x, _ in stream])
     alone = stream_token_source(mixture, 1, 1, epochs=30, seed=5)
     assert together.tolist() == np.concatenate([x[:, 0] for x, _ in alone]).tolist()
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("weights", [[3, 5, 2], [1], [7, 1, 1, 40], [2**16, 1]])
+def test_the_period_table_gives_the_windows_of_the_tree(monkeypatch, weights, world_size):
+    # Schedules of small period are read from a table of one period; larger ones walk the
+    # tree. Both give the same samples, in any order of batches (the kernel's cache of each
+    # source's last epoch is only a shortcut).
+    names = [f"s{i}" for i in range(len(weights))]
+    mixture = mix(tagged_sources([9, 30, 4, 70][: len(weights)]), weights_of(names, weights))
+
+    def windows(limit: int) -> list[list[int]]:
+        monkeypatch.setattr(tokstream.mixture, "PERIOD_TABLE_LIMIT", limit)
+        stream = stream_token_source(mixture, 1, 13, epochs=40, seed=3, world_size=world_size)
+        order, cursors = stream._order, [stream._cursor]
+        for _ in range(30):
+            cursors.append(order.after(cursors[-1]))
+        visits = cursors + cursors[::-1] + cursors[::7]
+        return [order.batch_windows(c, order.rows(c)).tolist() for c in visits]
+
+    by_table = windows(2**17)
+    assert by_table == windows(0)
+    assert mixture_period(mixture, 2**17) == sum(mixture.integer_weights)
+    assert mixture_period(mixture, 0) == 0
+
+
+def mixture_period(mixture, limit: int) -> int:
+    """The rows of the period table a stream over ``mixture`` uses under ``limit``."""
+    previous = tokstream.mixture.PERIOD_TABLE_LIMIT
+    tokstream.mixture.PERIOD_TABLE_LIMIT = limit
+    try:
+        return stream_token_source(mixture, 1, 4)._order._period.shape[0]
+    finally:
+        tokstream.mixture.PERIOD_TABLE_LIMIT = previous
+
+
+def test_the_schedule_comes_from_weights_a_caller_cannot_reassign():
+    mixture = mix(tagged_sources([9, 30]), {"s0": 1, "s1": 3})
+    with pytest.raises(AttributeError):
+        mixture.integer_weights = (1, -5)  # type: ignore[misc]
+    assert not hasattr(mixture, "nodes") and not hasattr(mixture, "root")
 
 
 def test_a_shuffled_source_order_is_its_keyed_implicit_permutation():

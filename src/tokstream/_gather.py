@@ -23,6 +23,11 @@ from tokstream.corpus import Corpus, _cumulative, _read_only, windows_per_segmen
 PREFETCH_BYTES = 2048
 PREFETCH_MAX_WINDOWS = 32
 
+#: Windows are bucketed into at least this many buckets (when there are as many windows), so
+#: that with a few segments almost every bucket lies inside one: the segment lookup then takes
+#: no search, and no branch whose outcome random windows would make a coin flip.
+MIN_SEGMENT_BUCKETS = 1024
+
 
 def prefetch_distance(block: int, dtype: np.dtype) -> int:
     """How many windows ahead of the one it copies the kernel prefetches, for a random order.
@@ -272,13 +277,15 @@ def window_space(corpus: Corpus, options: StreamOptions) -> WindowGather:
 def _segment_buckets(offsets: np.ndarray) -> tuple[int, np.ndarray]:
     """``(shift, segment of window b << shift for each b, then the last segment)``.
 
-    About one bucket per segment, so a window's segment is searched among the few that start
-    in its bucket: O(segments) memory, and a lookup that does not grow with their number.
+    About one bucket per segment, and at least :data:`MIN_SEGMENT_BUCKETS` (8 KiB), so a
+    window's segment is searched among the few that start in its bucket, most often none:
+    O(segments) memory, and a lookup that does not grow with their number.
     """
     segments, num_windows = offsets.shape[0] - 1, int(offsets[-1])
     if num_windows == 0:
         return 0, np.zeros(2, np.int64)
-    shift = max(0, (num_windows - 1).bit_length() - (segments - 1).bit_length())
+    buckets = max(segments - 1, MIN_SEGMENT_BUCKETS - 1).bit_length()
+    shift = max(0, (num_windows - 1).bit_length() - buckets)
     firsts = np.arange(((num_windows - 1) >> shift) + 1, dtype=np.int64) << shift
     buckets = np.searchsorted(offsets[:-1], firsts, side="right") - 1
     return shift, _read_only(np.append(buckets, segments - 1))

@@ -41,12 +41,17 @@ from tokstream._options import StreamOptions
 from tokstream._order import FEISTEL_ROUNDS, WindowOrder, implicit_domain
 from tokstream._state import Cursor
 from tokstream._validate import INT64_MAX
-from tokstream._windows import mixture_windows
+from tokstream._windows import mixture_schedule, mixture_windows
 from tokstream.corpus import Corpus
 
 #: The integer weights of a schedule sum to at most this (plus one per source): the kernel's
 #: products stay below ``2**63``.
 WEIGHT_TOTAL = 1 << 30
+
+#: Schedules whose period (the integer weights' sum) is at most this are read from a table of
+#: one period (16 bytes a sample, 1 MiB at most), one lookup per sample instead of a walk down
+#: the tree.
+PERIOD_TABLE_LIMIT = 1 << 16
 
 __all__ = ["Mixture", "mix"]
 
@@ -56,17 +61,18 @@ class Mixture:
 
     ``sources`` maps each name (in the order given) to its :class:`~tokstream.Corpus`;
     ``weights`` maps it to its share of the samples (floats summing to 1), ``integer_weights``
-    to the exact integers the schedule uses. ``corpus`` holds every source's shards in that
-    order, documents kept: the stream reads windows out of it.
+    (read-only: the schedule is built from it) to the exact integers the schedule uses.
+    ``corpus`` holds every source's shards in that order, documents kept: the stream reads
+    windows out of it.
     """
 
     def __init__(self, sources: dict[str, Corpus], integer_weights: Sequence[int]) -> None:
         self.sources = dict(sources)
         self.names = tuple(sources)
-        self.integer_weights = tuple(integer_weights)
-        total = sum(self.integer_weights)
-        self.weights = {n: w / total for n, w in zip(self.names, self.integer_weights, strict=True)}
-        self.root, self.nodes = schedule_tree(self.integer_weights)
+        self._integer_weights = tuple(int(w) for w in integer_weights)
+        total = sum(self._integer_weights)
+        shares = zip(self.names, self._integer_weights, strict=True)
+        self.weights = {name: weight / total for name, weight in shares}
         arrays, shard_names, documents = [], [], []
         for name, corpus in self.sources.items():
             for j, shard in enumerate(corpus.shards):
@@ -74,6 +80,12 @@ class Mixture:
                 shard_names.append(_label(name, j if len(corpus.shards) > 1 else None))
                 documents.append(corpus.shard_documents(j))
         self.corpus = Corpus._from_arrays(arrays, shard_names, "sources", documents)
+
+    @property
+    def integer_weights(self) -> tuple[int, ...]:
+        """The schedule's integer weights, one per source: each gets exactly its weight of
+        every ``sum(integer_weights)`` samples."""
+        return self._integer_weights
 
     def num_windows(self, block: int, stride: int = 1) -> int:
         """Windows of all sources together (one epoch of samples, unless ``samples=``)."""
@@ -234,20 +246,33 @@ class MixtureOrder(WindowOrder):
         #: First window of each source in the combined corpus, then the window count.
         self.source_offsets = offsets
         self._mixture = mixture
-        self._nodes = mixture.nodes
+        # The schedule, from the weights alone: nothing a caller can reassign reaches the kernel.
+        weights = mixture.integer_weights
+        self._root, self._nodes = schedule_tree(weights)
         self._node_divisors = np.array(
-            [(*divisor(q), *divisor(2 * q)) for q in mixture.nodes[:, 1].tolist()],
+            [(*divisor(q), *divisor(2 * q)) for q in self._nodes[:, 1].tolist()],
             dtype=np.uint64,
         ).reshape(-1, 4)
+        self._period = np.empty((0, 2), np.int64)
+        self._period_divisor = (0, 0)
+        if sum(weights) <= PERIOD_TABLE_LIMIT:
+            # One period of the schedule: every sum(weights) samples repeat it, each source's
+            # local index ahead by its weight.
+            self._period = np.empty((sum(weights), 2), np.int64)
+            mixture_schedule(self._period, 0, 1, self._root, self._nodes, self._node_divisors)
+            self._period_divisor = divisor(sum(weights))
         spaces, count_magic = [], []
-        for first, count in zip(first_windows.tolist(), counts.tolist(), strict=True):
+        for first, count, weight in zip(
+            first_windows.tolist(), counts.tolist(), weights, strict=True
+        ):
             magic, shift = divisor(count)
-            spaces.append((first, count, *implicit_domain(count), shift))
+            spaces.append((first, count, *implicit_domain(count), shift, weight))
             count_magic.append(magic)
         self._sources = np.array(spaces, dtype=np.int64)
         self._count_divisors = np.array(count_magic, dtype=np.uint64)
         self._keys = np.zeros((len(spaces), FEISTEL_ROUNDS), dtype=np.uint64)
         self._key_epochs = np.full(len(spaces), -1, dtype=np.int64)
+        self._source_epochs = np.full((len(spaces), 2), -1, dtype=np.int64)
 
     def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
         """Window indices of this rank's batch at ``cursor``: samples ``k + r + i W``."""
@@ -257,15 +282,19 @@ class MixtureOrder(WindowOrder):
             windows,
             first,
             self.options.world_size,
-            self._mixture.root,
+            self._root,
             self._nodes,
             self._node_divisors,
+            self._period,
+            *self._period_divisor,
             self._sources,
             self._count_divisors,
             self.options.seed,
             self.options.shuffle,
             self._keys,
             self._key_epochs,
+            self._source_epochs,
+            np.empty((count, 3), np.int64),
         )
         return windows
 
