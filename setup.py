@@ -29,9 +29,9 @@ extensions = [
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O3"],
         define_macros=[("TOKSTREAM_DEBUG", "1" if DEBUG else "0")],
     )
-    # The window kernel; the document kernel; read-ahead advice for memory-mapped corpora; the
-    # plain C loop that benchmarks hold the kernel to.
-    for name in ("_windows", "_documents", "_advice", "_baseline_loop")
+    # The window kernel; the document kernel; the mixture kernel; read-ahead advice for
+    # memory-mapped corpora; the plain C loop that benchmarks hold the kernel to.
+    for name in ("_windows", "_documents", "_mixture", "_advice", "_baseline_loop")
 ]
 
 # include_path: the kernels cimport the shared token type from src/tokstream/_types.pxd.

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream import _advice, _baseline_loop, _documents, _windows
+from tokstream import _advice, _baseline_loop, _documents, _mixture, _windows
 
 # Modules whose import has a side effect (the command line runs) or needs an optional extra.
 _NOT_IMPORTED = {"tokstream.__main__"}
@@ -87,6 +87,7 @@ def test_help_shows_the_real_signature_of_the_stream() -> None:
 COMPILED = {
     "_windows": _windows,
     "_documents": _documents,
+    "_mixture": _mixture,
     "_advice": _advice,
     "_baseline_loop": _baseline_loop,
 }
@@ -98,8 +99,7 @@ COMPILED = {
         ("_windows", "gather_windows", "tokens, starts, windows"),
         ("_windows", "permuted_positions", "out, first, stride"),
         ("_windows", "round_keys", "keys, seed, epoch"),
-        ("_windows", "mixture_schedule", "out, first, step"),
-        ("_windows", "mixture_windows", "windows, first, step"),
+        ("_mixture", "divisor", "d"),
         ("_advice", "advise_windows", "tokens, starts, span"),
         ("_advice", "resident_fraction", "tokens"),
         ("_baseline_loop", "copy_windows", "tokens, starts, windows"),
@@ -125,26 +125,39 @@ def _stub(module: str) -> ast.Module:
 def test_kernel_stubs_match_the_compiled_module(module: str) -> None:
     tree = _stub(module)
     stubs = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
     compiled_module = COMPILED[module]
-    compiled = {
-        name
+    public = {
+        name: getattr(compiled_module, name)
         for name in dir(compiled_module)
-        if not name.startswith("_") and callable(getattr(compiled_module, name))
+        if not name.startswith("_") and not inspect.ismodule(getattr(compiled_module, name))
     }
-    assert set(stubs) == compiled
+    assert set(stubs) == {n for n, v in public.items() if callable(v) and not inspect.isclass(v)}
     for name, node in stubs.items():
-        runtime = inspect.signature(getattr(compiled_module, name))
-        stub_args = [a.arg for a in node.args.args]
-        assert stub_args == list(runtime.parameters), name
-        empty = inspect.Parameter.empty
-        defaults = [p.default for p in runtime.parameters.values() if p.default is not empty]
-        assert len(node.args.defaults) == len(defaults), name
+        _assert_same_parameters(node, getattr(compiled_module, name), name)
+    for name, node in classes.items():
+        runtime_class = getattr(compiled_module, name)
+        methods = {n.name: n for n in node.body if isinstance(n, ast.FunctionDef)}
+        runtime_public = {n for n in dir(runtime_class) if not n.startswith("_")}
+        assert {n for n in methods if not n.startswith("_")} == runtime_public, name
+        for method, method_node in methods.items():
+            attribute = getattr(runtime_class, method)
+            if method in runtime_public and callable(attribute):  # not a property
+                _assert_same_parameters(method_node, attribute, f"{name}.{method}")
     attributes = {
         node.target.id
         for node in tree.body
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
     }
-    assert attributes | set(stubs) == {n for n in dir(compiled_module) if not n.startswith("_")}
+    assert attributes | set(stubs) | set(classes) == set(public)
+
+
+def _assert_same_parameters(node: ast.FunctionDef, function: object, name: str) -> None:
+    runtime = inspect.signature(function)
+    assert [a.arg for a in node.args.args] == list(runtime.parameters), name
+    empty = inspect.Parameter.empty
+    defaults = [p.default for p in runtime.parameters.values() if p.default is not empty]
+    assert len(node.args.defaults) == len(defaults), name
 
 
 def test_package_ships_py_typed_and_stubs() -> None:

@@ -15,7 +15,6 @@ import pytest
 from tests.conftest import KERNEL_DTYPES
 from tokstream import _windows
 from tokstream._gather import PREFETCH_BYTES, PREFETCH_MAX_WINDOWS, prefetch_distance
-from tokstream.mixture import divisor
 
 
 def test_loaded_kernel_is_the_compiled_extension():
@@ -78,21 +77,6 @@ def test_debug_build_catches_an_out_of_range_window():
     windows = np.empty((1, 4), np.int64)
     with pytest.raises(IndexError):
         _windows.gather_windows(tokens, np.array([7], np.int64), windows, np.empty(1, np.int64))
-
-
-@pytest.mark.skipif(not _windows.DEBUG_BUILD, reason="release builds run without bounds checks")
-def test_debug_build_catches_a_mixture_period_naming_no_source():
-    # One source of 5 windows; a period row naming source 1, which does not exist.
-    sources = np.array([[0, 5, 3, 1, 2, 1]], np.int64)
-    with pytest.raises(IndexError, match="name source 1 of 1"):
-        _windows.mixture_windows(
-            np.empty(4, np.int64), 0, 1, -1,
-            np.empty((0, 4), np.int64), np.empty((0, 4), np.uint64),
-            np.array([[1, 0]], np.int64), 0, 0,
-            sources, np.array([divisor(5)[0]], np.uint64), 0, False,
-            np.zeros((1, 6), np.uint64), np.full(1, -1, np.int64),
-            np.full((1, 2), -1, np.int64), np.empty((4, 3), np.int64),
-        )  # fmt: skip
 
 
 def segment_arguments(shards, block, stride):

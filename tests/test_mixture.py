@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 import tokstream.mixture
 from tokstream import Corpus, TokenStream, mix, open_tokens, stream_token_source
+from tokstream._mixture import MixtureWindows, divisor
 from tokstream._order import implicit_domain, implicit_round_keys
 from tokstream._state import Cursor
 from tokstream._windows import permuted_positions
-from tokstream.mixture import WEIGHT_TOTAL, divisor
+from tokstream.mixture import WEIGHT_TOTAL
 
 SOURCE_STEP = 10**9  # token t of source s is s * SOURCE_STEP + t: a window names its source
 
@@ -245,7 +246,7 @@ def mixture_period(mixture, limit: int) -> int:
     previous = tokstream.mixture.PERIOD_TABLE_LIMIT
     tokstream.mixture.PERIOD_TABLE_LIMIT = limit
     try:
-        return stream_token_source(mixture, 1, 4)._order._period.shape[0]
+        return stream_token_source(mixture, 1, 4)._order._kernel.period_length
     finally:
         tokstream.mixture.PERIOD_TABLE_LIMIT = previous
 
@@ -255,6 +256,61 @@ def test_the_schedule_comes_from_weights_a_caller_cannot_reassign():
     with pytest.raises(AttributeError):
         mixture.integer_weights = (1, -5)  # type: ignore[misc]
     assert not hasattr(mixture, "nodes") and not hasattr(mixture, "root")
+
+
+# Two sources of weights 1 and 3: root node 0 = (p, q, left, right) = (1, 4, leaf 0, leaf 1).
+GOOD_TABLES = {
+    "root": 0,
+    "nodes": [[1, 4, -1, -2]],
+    "weights": [1, 3],
+    "sources": [[0, 5, 3, 1], [5, 10, 4, 1]],
+    "num_windows": 15,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"nodes": [[1, 5, -1, -2]]}, "does not sum its children"),
+        ({"nodes": [[1, 4, -1, 0]]}, "neither a source nor an earlier node"),
+        ({"nodes": [[1, 4, -1, -3]]}, "neither a source nor an earlier node"),
+        ({"root": 1}, "neither a source nor an earlier node"),
+        ({"root": -1}, "is not the weights' sum"),
+        ({"nodes": []}, "2 sources need 1 nodes"),
+        ({"weights": [0, 4], "nodes": [[0, 4, -1, -2]]}, "weights must lie in"),
+        ({"sources": [[0, 5, 3, 1]]}, "one weight and one"),
+        ({"sources": [[0, 5, 3, 1], [5, 11, 4, 1]]}, "source 1 .* is not a window range"),
+        ({"sources": [[0, 5, 3, 1], [5, 10, 3, 1]]}, "source 1 .* domain covering it"),
+        ({"sources": [[-1, 5, 3, 1], [5, 10, 4, 1]]}, "source 0"),
+        ({"sources": [[0, 0, 3, 1], [5, 10, 4, 1]]}, "source 0"),
+        ({"sources": [[0, 5, 33, 1], [5, 10, 4, 1]]}, "source 0"),
+    ],
+)
+def test_the_mixture_kernel_refuses_tables_that_are_not_a_schedule(change, match):
+    # The kernel checks what it is given once, so that its release build, which reads the tables
+    # without bounds checks, can only write windows inside its sources' ranges.
+    tables = {**GOOD_TABLES, **change}
+    with pytest.raises(ValueError, match=match):
+        MixtureWindows(**tables, seed=0, shuffle=True, rounds=6, period_limit=2**16)
+
+
+@pytest.mark.parametrize(("first", "step", "count"), [(-1, 1, 4), (0, 0, 4), (2**62, 2**61, 3)])
+def test_the_mixture_kernel_refuses_sample_indices_past_2_63(first, step, count):
+    kernel = MixtureWindows(**GOOD_TABLES, seed=0, shuffle=True, rounds=6, period_limit=2**16)
+    with pytest.raises(ValueError, match="must lie in"):
+        kernel.fill(np.empty(count, np.int64), first, step)
+    kernel.fill(np.empty(2, np.int64), 2**62, 2**62 - 1)  # the last sample is 2**63 - 1
+
+
+def test_the_mixture_kernel_table_is_its_tree():
+    kernel = MixtureWindows(**GOOD_TABLES, seed=0, shuffle=False, rounds=6, period_limit=4)
+    assert kernel.period_length == 4
+    windows = np.empty(40, np.int64)
+    kernel.fill(windows, 7, 3)
+    walked = kernel.schedule(7, 3, 40)
+    starts = np.array([0, 5])
+    expected = starts[walked[:, 0]] + walked[:, 1] % np.array([5, 10])[walked[:, 0]]
+    assert windows.tolist() == expected.tolist()
 
 
 def test_a_shuffled_source_order_is_its_keyed_implicit_permutation():

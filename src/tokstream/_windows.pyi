@@ -46,30 +46,3 @@ def round_keys(
     epoch: int,  # uint64_t
     stream: int = ...,  # uint64_t
 ) -> None: ...
-def mixture_schedule(
-    out: npt.NDArray[np.int64],  # int64_t[:, ::1], (count, 2): source, local index
-    first: int,  # int64_t
-    step: int,  # int64_t
-    root: int,  # int64_t
-    nodes: npt.NDArray[np.int64],  # const int64_t[:, ::1], (nodes, 4): p, q, left, right
-    node_divisors: npt.NDArray[np.uint64],  # const uint64_t[:, ::1], (nodes, 4)
-) -> None: ...
-def mixture_windows(
-    windows: npt.NDArray[np.int64],  # int64_t[::1]
-    first: int,  # int64_t
-    step: int,  # int64_t
-    root: int,  # int64_t
-    nodes: npt.NDArray[np.int64],  # const int64_t[:, ::1], (nodes, 4): p, q, left, right
-    node_divisors: npt.NDArray[np.uint64],  # const uint64_t[:, ::1], (nodes, 4)
-    period: npt.NDArray[np.int64],  # const int64_t[:, ::1], (W or 0, 2): source, local index
-    period_magic: int,  # uint64_t
-    period_shift: int,  # uint64_t
-    sources: npt.NDArray[np.int64],  # const int64_t[:, ::1], (sources, 6)
-    count_divisors: npt.NDArray[np.uint64],  # const uint64_t[::1], (sources,)
-    seed: int,  # uint64_t
-    shuffle: bool,  # bint
-    keys: npt.NDArray[np.uint64],  # uint64_t[:, ::1], (sources, rounds), scratch
-    key_epochs: npt.NDArray[np.int64],  # int64_t[::1], (sources,), scratch
-    source_epochs: npt.NDArray[np.int64],  # int64_t[:, ::1], (sources, 2), scratch
-    samples: npt.NDArray[np.int64],  # int64_t[:, ::1], (len(windows), 3), scratch
-) -> None: ...

@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 
 from tokstream._gather import WindowGather
+from tokstream._mixture import MixtureWindows
 from tokstream._options import StreamOptions
 from tokstream._order import FEISTEL_ROUNDS, WindowOrder, implicit_domain
 from tokstream._state import Cursor
 from tokstream._validate import INT64_MAX
-from tokstream._windows import mixture_schedule, mixture_windows
 from tokstream.corpus import Corpus
 
 #: The integer weights of a schedule sum to at most this (plus one per source): the kernel's
@@ -201,25 +201,14 @@ def schedule_tree(weights: Sequence[int]) -> tuple[int, np.ndarray]:
     return heap[0][2], np.array(nodes, dtype=np.int64).reshape(-1, 4)
 
 
-def divisor(d: int) -> tuple[int, int]:
-    """``(magic, shift)`` with ``n // d == mulhi64(n, magic) >> shift`` for ``0 <= n < 2**63``.
-
-    ``magic = ceil(2**(63 + l) / d)`` with ``l = ceil(log2(d))``, which is below ``2**64``;
-    ``d = 1`` is ``(0, 0)``, which the kernel reads as the identity.
-    """
-    if d == 1:
-        return 0, 0
-    bits = (d - 1).bit_length()
-    return -(-(1 << (63 + bits)) // d), bits - 1
-
-
 class MixtureOrder(WindowOrder):
     """The window indices of every batch of a stream over a :class:`Mixture`.
 
     A :class:`~tokstream._order.WindowOrder` over the ``N`` samples of each epoch (ranks,
     epoch tail and cursors as for one corpus), whose position ``p`` of epoch ``e`` is global
     sample ``e * N + p``, mapped to a window of the combined corpus by the compiled schedule.
-    Pure in the cursor: nothing about earlier batches is kept beyond a cache of round keys.
+    Pure in the cursor: nothing about earlier batches is kept beyond the kernel's caches (each
+    source's round keys and last epoch).
     """
 
     def __init__(self, mixture: Mixture, gather: WindowGather, options: StreamOptions) -> None:
@@ -246,56 +235,29 @@ class MixtureOrder(WindowOrder):
         #: First window of each source in the combined corpus, then the window count.
         self.source_offsets = offsets
         self._mixture = mixture
-        # The schedule, from the weights alone: nothing a caller can reassign reaches the kernel.
-        weights = mixture.integer_weights
-        self._root, self._nodes = schedule_tree(weights)
-        self._node_divisors = np.array(
-            [(*divisor(q), *divisor(2 * q)) for q in self._nodes[:, 1].tolist()],
-            dtype=np.uint64,
-        ).reshape(-1, 4)
-        self._period = np.empty((0, 2), np.int64)
-        self._period_divisor = (0, 0)
-        if sum(weights) <= PERIOD_TABLE_LIMIT:
-            # One period of the schedule: every sum(weights) samples repeat it, each source's
-            # local index ahead by its weight.
-            self._period = np.empty((sum(weights), 2), np.int64)
-            mixture_schedule(self._period, 0, 1, self._root, self._nodes, self._node_divisors)
-            self._period_divisor = divisor(sum(weights))
-        spaces, count_magic = [], []
-        for first, count, weight in zip(
-            first_windows.tolist(), counts.tolist(), weights, strict=True
-        ):
-            magic, shift = divisor(count)
-            spaces.append((first, count, *implicit_domain(count), shift, weight))
-            count_magic.append(magic)
-        self._sources = np.array(spaces, dtype=np.int64)
-        self._count_divisors = np.array(count_magic, dtype=np.uint64)
-        self._keys = np.zeros((len(spaces), FEISTEL_ROUNDS), dtype=np.uint64)
-        self._key_epochs = np.full(len(spaces), -1, dtype=np.int64)
-        self._source_epochs = np.full((len(spaces), 2), -1, dtype=np.int64)
+        # The schedule, from the weights alone: nothing a caller can reassign reaches the kernel,
+        # which checks its tables itself.
+        root, nodes = schedule_tree(mixture.integer_weights)
+        self._kernel = MixtureWindows(
+            root,
+            nodes,
+            mixture.integer_weights,
+            [
+                (first, count, *implicit_domain(count))
+                for first, count in zip(first_windows.tolist(), counts.tolist(), strict=True)
+            ],
+            gather.num_windows,
+            options.seed,
+            options.shuffle,
+            FEISTEL_ROUNDS,
+            PERIOD_TABLE_LIMIT,
+        )
 
     def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
         """Window indices of this rank's batch at ``cursor``: samples ``k + r + i W``."""
         windows = np.empty(count, dtype=np.int64)
         first = cursor.epoch * self.num_windows + cursor.position + self.options.rank
-        mixture_windows(
-            windows,
-            first,
-            self.options.world_size,
-            self._root,
-            self._nodes,
-            self._node_divisors,
-            self._period,
-            *self._period_divisor,
-            self._sources,
-            self._count_divisors,
-            self.options.seed,
-            self.options.shuffle,
-            self._keys,
-            self._key_epochs,
-            self._source_epochs,
-            np.empty((count, 3), np.int64),
-        )
+        self._kernel.fill(windows, first, self.options.world_size)
         return windows
 
     def fingerprint(self) -> dict[str, Any]:
