@@ -79,15 +79,16 @@ def test_debug_build_catches_an_out_of_range_window():
         _windows.gather_windows(tokens, np.array([7], np.int64), windows, np.empty(1, np.int64))
 
 
-def segment_arguments(shards, block, stride):
-    """``gather_segments``' description of ``shards`` as segments (those holding a window)."""
+def segment_arguments(shards, block, stride, shift=0):
+    """``gather_segments``' description of ``shards`` as segments (those holding a window),
+    with buckets of ``2**shift`` windows (shift 0: one bucket per window)."""
     counts = [max(0, (len(s) - block - 1) // stride + 1) for s in shards]
     kept = [k for k, n in enumerate(counts) if n]
     offsets = np.concatenate([[0], np.cumsum([counts[k] for k in kept])]).astype(np.int64)
     addresses = np.array([shards[k].ctypes.data for k in kept], np.uint64)
     lengths = np.array([len(shards[k]) for k in kept], np.int64)
-    # One bucket per window (shift 0): always a valid description.
-    buckets = np.searchsorted(offsets[:-1], np.arange(offsets[-1]), side="right") - 1
+    firsts = np.arange(((offsets[-1] - 1) >> shift) + 1) << shift
+    buckets = np.searchsorted(offsets[:-1], firsts, side="right") - 1
     buckets = np.append(buckets, len(kept) - 1).astype(np.int64)
     return kept, offsets, addresses, lengths, buckets
 
@@ -95,11 +96,15 @@ def segment_arguments(shards, block, stride):
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES)
 @pytest.mark.parametrize("prefetch", [0, 3])
 @pytest.mark.parametrize("stride", [1, 4])
-def test_segment_kernel_gathers_each_window_from_its_own_segment(dtype, prefetch, stride):
+# Any bucket width, and any number of fixed search steps (too few: the search finishes anyway).
+@pytest.mark.parametrize(("shift", "probes"), [(0, 0), (2, 1), (3, 2), (10, 3), (10, 0), (4, 9)])
+def test_segment_kernel_gathers_each_window_from_its_own_segment(
+    dtype, prefetch, stride, shift, probes
+):
     rng = np.random.default_rng(4)
     shards = [rng.integers(0, 100, n).astype(dtype) for n in (30, 0, 12, 50, 5, 9)]
     block = 6
-    kept, offsets, addresses, lengths, buckets = segment_arguments(shards, block, stride)
+    kept, offsets, addresses, lengths, buckets = segment_arguments(shards, block, stride, shift)
     expected_rows = [
         shards[k][j * stride :][: block + 1].astype(np.int64)
         for k, n in zip(kept, np.diff(offsets), strict=True)
@@ -108,7 +113,7 @@ def test_segment_kernel_gathers_each_window_from_its_own_segment(dtype, prefetch
     index = rng.integers(0, offsets[-1], 40).astype(np.int64)
     windows, targets = np.empty((40, block), np.int64), np.empty((40, block), np.int64)
     next_tokens = np.empty(40, np.int64)
-    described = (shards[0], index, offsets, addresses, lengths, buckets, 0, stride)
+    described = (shards[0], index, offsets, addresses, lengths, buckets, shift, probes, stride)
     kernel = _windows.gather_segments
     kernel(*described, np.empty(40, np.int64), windows, next_tokens, None, prefetch)
     expected = np.stack([expected_rows[w] for w in index])
@@ -131,6 +136,7 @@ def test_debug_build_catches_a_window_past_its_segment():
             addresses,
             lengths - 1,  # a description that claims one token fewer than the windows need
             buckets,
+            0,
             0,
             1,
             np.empty(1, np.int64),

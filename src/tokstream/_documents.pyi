@@ -31,5 +31,6 @@ def segment_token_starts(
     stride: int,  # int64_t
     bucket_segments: npt.NDArray[np.int64],  # const int64_t[::1], segment of window b << shift
     shift: int,  # int
+    probes: int,  # int, search steps enough for the widest bucket
     out: npt.NDArray[np.int64],  # int64_t[::1]
 ) -> None: ...

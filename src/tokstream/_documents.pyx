@@ -238,16 +238,18 @@ def segment_token_starts(
     int64_t stride,
     const int64_t[::1] bucket_segments,
     int shift,
+    int probes,
     int64_t[::1] out,
 ):
-    """segment_token_starts(const int64_t[:] windows_index, const int64_t[::1] offsets, const int64_t[::1] segment_starts, int64_t stride, const int64_t[::1] bucket_segments, int shift, int64_t[::1] out)
+    """segment_token_starts(const int64_t[:] windows_index, const int64_t[::1] offsets, const int64_t[::1] segment_starts, int64_t stride, const int64_t[::1] bucket_segments, int shift, int probes, int64_t[::1] out)
 
     The first token of each window: window ``w`` of segment ``j`` (``offsets[j] <= w <
     offsets[j + 1]``) starts at ``segment_starts[j] + (w - offsets[j]) * stride``.
 
     ``bucket_segments[b]`` is the segment of window ``b << shift`` (and its last entry the last
     segment), so window ``w`` lies in a segment from ``bucket_segments[w >> shift]`` to
-    ``bucket_segments[(w >> shift) + 1]``: a binary search over those few, not all of them.
+    ``bucket_segments[(w >> shift) + 1]``: a binary search over those few, not all of them, in
+    ``probes`` steps when no bucket spans more than ``2**probes`` segments.
 
     The caller guarantees ``0 <= w < offsets[-1]`` for every window, ``len(segment_starts) ==
     len(offsets) - 1 >= 1``, ``len(bucket_segments) == (offsets[-1] - 1 >> shift) + 2`` with
@@ -258,5 +260,5 @@ def segment_token_starts(
     with nogil:
         for i in range(count):
             window = windows_index[i]
-            low = segment_of(window, &offsets[0], &bucket_segments[0], shift)
+            low = segment_of(window, &offsets[0], &bucket_segments[0], shift, probes)
             out[i] = segment_starts[low] + (window - offsets[low]) * stride

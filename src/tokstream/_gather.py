@@ -96,7 +96,9 @@ class WindowGather:
         # With a single segment a window's start is an affine function of its index.
         one_segment = self._offsets.shape[0] == 2
         self._one_segment_base = int(self._segment_starts[0]) if one_segment else None
-        self._bucket_shift, self._bucket_segments = _segment_buckets(self._offsets)
+        self._bucket_shift, self._bucket_segments, self._bucket_probes = _segment_buckets(
+            self._offsets
+        )
         self._single = self._shards[0] if len(self._shards) == 1 else None
         # The kernels specialised for the corpus dtype (keyed by its C type, e.g. "uint16_t"), so
         # no batch pays the fused-type dispatch.
@@ -144,6 +146,7 @@ class WindowGather:
             self._stride,
             self._bucket_segments,
             self._bucket_shift,
+            self._bucket_probes,
             starts,
         )
         return starts
@@ -209,6 +212,7 @@ class WindowGather:
             lengths,
             self._bucket_segments,
             self._bucket_shift,
+            self._bucket_probes,
             self._stride,
             np.empty(windows_index.shape[0], np.int64),
             windows,
@@ -274,21 +278,23 @@ def window_space(corpus: Corpus, options: StreamOptions) -> WindowGather:
     )
 
 
-def _segment_buckets(offsets: np.ndarray) -> tuple[int, np.ndarray]:
-    """``(shift, segment of window b << shift for each b, then the last segment)``.
+def _segment_buckets(offsets: np.ndarray) -> tuple[int, np.ndarray, int]:
+    """``(shift, segment of window b << shift for each b then the last segment, probes)``.
 
     About one bucket per segment, and at least :data:`MIN_SEGMENT_BUCKETS` (8 KiB), so a
     window's segment is searched among the few that start in its bucket, most often none:
-    O(segments) memory, and a lookup that does not grow with their number.
+    O(segments) memory, and a lookup that does not grow with their number. ``probes`` search
+    steps cover the widest bucket (``2**probes`` segments or fewer).
     """
     segments, num_windows = offsets.shape[0] - 1, int(offsets[-1])
     if num_windows == 0:
-        return 0, np.zeros(2, np.int64)
+        return 0, np.zeros(2, np.int64), 0
     buckets = max(segments - 1, MIN_SEGMENT_BUCKETS - 1).bit_length()
     shift = max(0, (num_windows - 1).bit_length() - buckets)
     firsts = np.arange(((num_windows - 1) >> shift) + 1, dtype=np.int64) << shift
-    buckets = np.searchsorted(offsets[:-1], firsts, side="right") - 1
-    return shift, _read_only(np.append(buckets, segments - 1))
+    buckets = np.append(np.searchsorted(offsets[:-1], firsts, side="right") - 1, segments - 1)
+    widest = int(np.diff(buckets).max(initial=0)) + 1
+    return shift, _read_only(buckets), (widest - 1).bit_length()
 
 
 def _local_starts(boundaries: np.ndarray, base: int, length: int) -> np.ndarray:

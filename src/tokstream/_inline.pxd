@@ -48,18 +48,26 @@ cdef inline void copy_window(
 
 
 cdef inline Py_ssize_t segment_of(
-    int64_t window, const int64_t *offsets, const int64_t *bucket_segments, int shift
+    int64_t window, const int64_t *offsets, const int64_t *bucket_segments, int shift,
+    int probes,
 ) noexcept nogil:
     # The segment j with offsets[j] <= window < offsets[j + 1]: bucket_segments[b] is the
     # segment of window b << shift, so it lies between the segments of the window's bucket and
-    # the next one's, a binary search among the few segments in between.
+    # the next one's. A binary search among those few, written for conditional moves and run
+    # ``probes`` times (enough for the widest bucket, so its branches are taken alike for every
+    # window, where random windows make a branchy search's a coin flip); a last loop finishes
+    # the search whatever ``probes`` says.
     cdef Py_ssize_t low = bucket_segments[window >> shift]
-    cdef Py_ssize_t high = bucket_segments[(window >> shift) + 1]
-    cdef Py_ssize_t middle
-    while low < high:
-        middle = (low + high + 1) >> 1
-        if offsets[middle] <= window:
-            low = middle
-        else:
-            high = middle - 1
+    cdef Py_ssize_t size = bucket_segments[(window >> shift) + 1] - low + 1
+    cdef Py_ssize_t half
+    cdef int probe
+    for probe in range(probes):
+        # low + half <= low + size - 1: the probe stays inside the bucket's segments.
+        half = size >> 1
+        low = low + half if offsets[low + half] <= window else low
+        size -= half
+    while size > 1:
+        half = size >> 1
+        low = low + half if offsets[low + half] <= window else low
+        size -= half
     return low

@@ -24,6 +24,7 @@ def gather_segments(
     segment_lengths: npt.NDArray[np.int64],  # const int64_t[::1], tokens per segment
     bucket_segments: npt.NDArray[np.int64],  # const int64_t[::1], segment of window b << shift
     shift: int,  # int
+    probes: int,  # int, search steps enough for the widest bucket
     stride: int,  # int64_t
     sources: npt.NDArray[np.int64],  # int64_t[::1], scratch
     windows: npt.NDArray[np.int64],  # int64_t[:, ::1], shape (b, block)

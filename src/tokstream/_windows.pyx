@@ -95,6 +95,7 @@ def gather_segments(
     const int64_t[::1] segment_lengths,
     const int64_t[::1] bucket_segments,
     int shift,
+    int probes,
     int64_t stride,
     int64_t[::1] sources,
     int64_t[:, ::1] windows,
@@ -102,7 +103,7 @@ def gather_segments(
     int64_t[:, ::1] targets=None,
     Py_ssize_t prefetch=0,
 ):
-    """gather_segments(const token_t[::1] anchor, const int64_t[:] windows_index, const int64_t[::1] offsets, const uint64_t[::1] segment_addresses, const int64_t[::1] segment_lengths, const int64_t[::1] bucket_segments, int shift, int64_t stride, int64_t[::1] sources, int64_t[:, ::1] windows, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, Py_ssize_t prefetch=0)
+    """gather_segments(const token_t[::1] anchor, const int64_t[:] windows_index, const int64_t[::1] offsets, const uint64_t[::1] segment_addresses, const int64_t[::1] segment_lengths, const int64_t[::1] bucket_segments, int shift, int probes, int64_t stride, int64_t[::1] sources, int64_t[:, ::1] windows, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, Py_ssize_t prefetch=0)
 
     :func:`gather_windows` for windows given by their index in a space of segments (shards,
     documents, a mixture's sources), row ``i`` from window ``windows_index[i]``, in one call.
@@ -111,7 +112,8 @@ def gather_segments(
     offsets[j]) * stride`` tokens after the segment's first token, which is at address
     ``segment_addresses[j]`` (a segment lies inside one array; ``anchor`` is any of them, for
     the dtype). ``bucket_segments[b]`` is the segment of window ``b << shift`` (its last entry
-    the last segment), so a window's segment is searched among the few of its bucket. First
+    the last segment), so a window's segment is searched among the few of its bucket, in
+    ``probes`` steps when no bucket spans more than ``2**probes`` segments. First
     every window's address goes to ``sources`` (scratch, at least ``len(windows_index)``): the
     lookups are independent, so their cache misses overlap; then the copy loop prefetches
     ``prefetch`` windows ahead.
@@ -130,7 +132,7 @@ def gather_segments(
     with nogil:
         for i in range(count):
             window = windows_index[i]
-            low = segment_of(window, &offsets[0], &bucket_segments[0], shift)
+            low = segment_of(window, &offsets[0], &bucket_segments[0], shift, probes)
             start = (window - offsets[low]) * stride
             if TOKSTREAM_DEBUG and not (
                 offsets[low] <= window < offsets[low + 1]
