@@ -313,6 +313,37 @@ def test_the_mixture_kernel_table_is_its_tree():
     assert windows.tolist() == expected.tolist()
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    weights=st.lists(st.integers(1, 50), min_size=1, max_size=6),
+    sizes=st.lists(st.integers(1, 40), min_size=6, max_size=6),
+    first=st.integers(0, 2**40),
+    step=st.integers(1, 64),
+    count=st.integers(0, 300),
+    shuffle=st.booleans(),
+)
+def test_the_mixture_kernel_with_or_without_its_table_writes_the_same_windows(
+    weights, sizes, first, step, count, shuffle
+):
+    sizes = sizes[: len(weights)]
+    root, nodes = tokstream.mixture.schedule_tree(weights)
+    firsts = np.cumsum([0, *sizes])[:-1].tolist()
+    sources = [(f, n, *implicit_domain(n)) for f, n in zip(firsts, sizes, strict=True)]
+    made = [
+        MixtureWindows(root, nodes, weights, sources, sum(sizes), 7, shuffle, 6, limit)
+        for limit in (0, 2**16)
+    ]
+    assert [k.period_length for k in made] == [0, sum(weights)]
+    by_tree, by_table = np.empty(count, np.int64), np.empty(count, np.int64)
+    made[0].fill(by_tree, first, step)
+    made[1].fill(by_table, first, step)
+    assert by_tree.tolist() == by_table.tolist()
+    if not shuffle:
+        walked = made[0].schedule(first, step, count)
+        expected = [firsts[s] + j % sizes[s] for s, j in walked.tolist()]
+        assert by_tree.tolist() == expected
+
+
 def test_a_shuffled_source_order_is_its_keyed_implicit_permutation():
     sizes = [60, 90]
     mixture = mix(tagged_sources(sizes), {"s0": 1, "s1": 1})
