@@ -91,7 +91,7 @@ def test_each_batch_is_fresh_writeable_contiguous_memory_the_caller_owns():
     ids = np.arange(200, dtype=np.int64)
     batches = list(stream_token_source(ids, 8, 16, epochs=2))
     for windows, next_tokens in batches:
-        assert windows.flags.c_contiguous and windows.flags.writeable and windows.flags.owndata
+        assert windows.flags.c_contiguous and windows.flags.writeable
         assert next_tokens.flags.c_contiguous and next_tokens.flags.writeable
         assert not np.shares_memory(windows, ids) and not np.shares_memory(next_tokens, ids)
     for (a, _), (b, _) in zip(batches, batches[1:], strict=False):

@@ -18,6 +18,7 @@ mask) or found from the position ids by a binary search per piece (``cu_seqlens`
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,64 @@ def new_buffers(options: StreamOptions, rows: int) -> dict[str, np.ndarray]:
     if "source" in options.extras:
         buffers["source"] = np.empty(rows, np.int64)
     return buffers
+
+
+#: Whether a reference count proves that nothing else holds an array: not in free-threaded
+#: builds, where another thread's references may be counted late.
+_REFCOUNTS_PROVE_FREE = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
+class BufferPool:
+    """Buffers for fresh batches, taken back once the caller holds nothing of them.
+
+    A fresh batch is memory the caller owns. Allocated anew for every batch, buffers of a few
+    hundred KiB can come back from the C allocator as pages it has just returned to the
+    system, each of which faults again when the kernel writes it: in a plain loop over a
+    corpus of documents, 3.5x the batch time (docs/memory.md). The pool keeps up to
+    ``capacity`` sets of buffers and hands out views of a set whose arrays nothing but the pool
+    references: no view, tensor or buffer export of the caller's points into it, so no batch
+    the caller can still read is ever written again. The caller's views are its own to
+    reshape; the kernels check every buffer's shape before they write (a set changed through
+    ``.base`` is refused there). Free-threaded builds, where a reference count proves
+    nothing, always allocate.
+    """
+
+    def __init__(self, options: StreamOptions, rows: int, capacity: int) -> None:
+        self._options = options
+        self._rows = rows
+        self._capacity = capacity if _REFCOUNTS_PROVE_FREE else 0
+        # The buffers' names, in the order of take()'s views (known once one set is made).
+        self._names: tuple[str, ...] = ()
+        self._sets: list[tuple[np.ndarray, ...]] = []
+        # The count of an array only a set holds, taken as take() takes it (what a call's
+        # argument adds to a count differs between Python versions).
+        for array in (np.empty(1),):
+            self._free = sys.getrefcount(array)
+
+    def take_named(self, count: int) -> dict[str, np.ndarray]:
+        """:meth:`take`, by buffer name (see :func:`new_buffers`)."""
+        views = self.take(count)
+        return dict(zip(self._names, views, strict=True))
+
+    def take(self, count: int) -> tuple[np.ndarray, ...]:
+        """Views of the first ``count`` rows of a set the caller holds nothing of, in the order
+        of :func:`new_buffers`."""
+        free = self._free
+        for arrays in self._sets:
+            for array in arrays:
+                if sys.getrefcount(array) > free:
+                    break
+            else:
+                return tuple([array[:count] for array in arrays])
+        buffers = new_buffers(self._options, self._rows)
+        self._names, arrays = tuple(buffers), tuple(buffers.values())
+        if len(self._sets) < self._capacity:
+            self._sets.append(arrays)
+        return tuple([array[:count] for array in arrays])
+
+    def clear(self) -> None:
+        """Forget every set (the caller's views keep theirs alive)."""
+        self._sets.clear()
 
 
 def rows_of(buffers: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]:

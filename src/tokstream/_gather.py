@@ -163,7 +163,22 @@ class WindowGather:
         """Fill ``windows`` (and ``next_tokens`` or ``targets``) for global ``windows_index``.
 
         With ``position_ids`` (and ``label_continues``) also the rows' document positions.
+
+        Raises ValueError when a buffer's shape is not the batch's: the kernels take their
+        row count and width from the buffers, and a caller can reshape an array it was handed
+        (``x.shape = ...``) in place, which must never make them write past its end.
         """
+        rows, wide = windows_index.shape[0], (windows_index.shape[0], self.block)
+        if (
+            windows.shape != wide
+            or (next_tokens is not None and next_tokens.shape != (rows,))
+            or (targets is not None and targets.shape != wide)
+            or (position_ids is not None and position_ids.shape != wide)
+            or (label_continues is not None and label_continues.shape not in (wide, (rows, 1)))
+        ):
+            raise ValueError(
+                f"a batch buffer is not {wide} (windows {windows.shape}): reshaped in place?"
+            )
         if position_ids is not None:
             # Windows and their document positions in one loop, one call per shard touched.
             starts = self.token_starts(windows_index)

@@ -36,7 +36,9 @@ class TokenStream(Iterator[Batch]):
     Takes the arguments of :func:`stream_token_source`, which documents them. Each batch is
     fresh memory the caller owns: ``windows`` is a C-contiguous, writeable ``(b, block)`` int64
     array and the targets are ``(b,)`` int64 next tokens (``targets="next"``) or the ``(b,
-    block)`` windows shifted by one token (``targets="shifted"``).
+    block)`` windows shifted by one token (``targets="shifted"``). No later batch writes into
+    it while anything of the caller's refers to it; once the caller holds nothing of it, its
+    buffers serve a later batch (``tokstream._batch.BufferPool``).
 
     With ``reuse_buffers=k`` the stream instead cycles through preallocated batches: a batch
     stays intact until the caller has received ``k`` more, then its arrays are overwritten, so a
@@ -90,6 +92,9 @@ class TokenStream(Iterator[Batch]):
         self._cursor = self._order.first_cursor()
         self._ring: list[dict[str, np.ndarray]] = []
         self._ring_next = 0
+        # Fresh batches: a batch held by the caller, or waiting in the prefetch queue, or being
+        # made, keeps its set; the rest are taken back.
+        self._fresh = _batch.BufferPool(options, self._order.max_rows, options.prefetch + 2)
         self._prefetcher: Prefetcher | None = None
         self._deliver_lock = threading.Lock()
         # The cursor and ring position after the last batch handed out, while a prefetch thread
@@ -214,7 +219,7 @@ class TokenStream(Iterator[Batch]):
             buffers = (
                 _batch.rows_of(self._ring_slot(), count)
                 if options.reuse_buffers
-                else _batch.new_buffers(options, count)
+                else self._fresh.take_named(count)
             )
             _batch.fill(self._gather, windows_index, buffers, order.source_offsets)
             batch = _batch.assemble(buffers, options.extras)
@@ -222,14 +227,11 @@ class TokenStream(Iterator[Batch]):
             # The plain batch, without the buffer bookkeeping: this is the per-batch fixed cost
             # that small batches of long windows feel.
             if options.reuse_buffers:
+                # Views: a caller reshaping what it was handed leaves the ring's arrays be.
                 slot = self._ring_slot()
-                windows, labels = slot["input_ids"], slot["labels"]
-                if count < windows.shape[0]:
-                    windows, labels = windows[:count], labels[:count]
+                windows, labels = slot["input_ids"][:count], slot["labels"][:count]
             else:
-                windows = np.empty((count, options.block), np.int64)
-                shape = (count,) if options.targets == "next" else (count, options.block)
-                labels = np.empty(shape, np.int64)
+                windows, labels = self._fresh.take(count)
             if options.targets == "next":
                 self._gather(windows_index, windows, labels)
             else:
@@ -264,6 +266,7 @@ class TokenStream(Iterator[Batch]):
             self._discard_prefetcher()
             with self._lock:
                 self._order.release()
+                self._fresh.clear()
                 if self._readahead is not None:
                     self._readahead.reset()
 
@@ -311,6 +314,7 @@ class TokenStream(Iterator[Batch]):
             self._discard_prefetcher()
             with self._lock:
                 self._order.release()
+                self._fresh.clear()
                 if self._readahead is not None:
                     self._readahead.reset()
                 if cursor.position // self.global_batch_size == self.batches_per_epoch > 0:
