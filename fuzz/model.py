@@ -28,6 +28,7 @@ EXTRA_ARGS = (
     "permutation",
     "prefetch",
     "reuse_buffers",
+    "stride",
 )
 DEFAULTS = {
     "epochs": 1,
@@ -40,6 +41,7 @@ DEFAULTS = {
     "permutation": "materialized",
     "prefetch": 0,
     "reuse_buffers": 0,
+    "stride": 1,
 }
 # Rounds of the implicit permutation's network (tokstream.stream).
 IMPLICIT_ROUNDS = 6
@@ -168,9 +170,13 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
     if controls["rank"] >= controls["world_size"]:
         raise Rejected(ValueError, "rank")
     controls["drop_last"] = model_bool(args["drop_last"], "drop_last")
-    # None picks the reference's order where its windows are streamed, as always here (the
-    # harness passes no stride, eos, window policy or mixture).
-    permutation = "materialized" if args["permutation"] is None else args["permutation"]
+    # Windows start every stride tokens of each shard, while start + block stays inside it.
+    controls["stride"] = model_ranged(args["stride"], "stride", 1)
+    # Unset, the reference's order where its windows are streamed (stride 1: the harness
+    # passes no eos, window policy or mixture), else the implicit one.
+    permutation = kwargs.get("permutation")
+    if permutation is None:
+        permutation = "materialized" if controls["stride"] == 1 else "implicit"
     controls["permutation"] = model_choice(permutation, "permutation", ("materialized", "implicit"))
     # A background thread assembling batches ahead changes nothing about them.
     controls["prefetch"] = model_ranged(args["prefetch"], "prefetch", 0)
@@ -224,7 +230,7 @@ def model_batches(
     ``cursor`` is ``(epoch, position, rng_state)`` to start from instead of the beginning.
     """
     block, batch_size, world = c["block"], c["batch_size"], c["world_size"]
-    per_shard = [max(len(s) - block, 0) for s in shards]
+    per_shard = [windows_in(len(s), block, c["stride"]) for s in shards]
     offsets = np.concatenate([[0], np.cumsum(per_shard)]).astype(np.int64)
     n = int(offsets[-1])
     used = n // world * world
@@ -250,15 +256,20 @@ def model_batches(
             base = step * global_batch
             count = min(batch_size, (used - base) // world)
             starts = [int(order(base + c["rank"] + world * i)) for i in range(count)]
-            yield _model_windows(shards, offsets, block, c["targets"], starts)
+            yield _model_windows(shards, offsets, block, c["targets"], starts, c["stride"])
         epoch, position = epoch + 1, 0
 
 
-def _model_windows(shards, offsets, block, targets, starts):
+def windows_in(length: int, block: int, stride: int) -> int:
+    """Window starts 0, stride, 2 stride, ... with start + block < length."""
+    return (length - block - 1) // stride + 1 if length > block else 0
+
+
+def _model_windows(shards, offsets, block, targets, starts, stride):
     windows, after = [], []
     for start in starts:
         shard = int(np.searchsorted(offsets, start, side="right")) - 1
-        local = start - int(offsets[shard])
+        local = (start - int(offsets[shard])) * stride
         tokens = shards[shard]
         windows.append(tokens[local : local + block])
         if targets == "next":
@@ -269,7 +280,7 @@ def _model_windows(shards, offsets, block, targets, starts):
 
 
 def model_length(shards, c) -> int:
-    per_shard = sum(max(len(s) - c["block"], 0) for s in shards)
+    per_shard = sum(windows_in(len(s), c["block"], c["stride"]) for s in shards)
     used = per_shard // c["world_size"] * c["world_size"]
     full, rest = divmod(used, c["world_size"] * c["batch_size"])
     return c["epochs"] * (full + (1 if rest and not c["drop_last"] else 0))

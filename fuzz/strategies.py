@@ -215,6 +215,7 @@ def call_kwargs(draw) -> dict[str, Any]:
         "permutation": control(st.sampled_from(["materialized", "implicit"])),
         "prefetch": control(st.integers(0, 3)),
         "reuse_buffers": control(st.integers(0, 6)),
+        "stride": control(st.sampled_from([1, 2, 3, 7, 40])),
     }
     for name, strategy in optional.items():
         if draw(st.booleans()):
@@ -316,6 +317,7 @@ def resumable_calls(draw):
         "permutation": draw(st.sampled_from(["materialized", "implicit"])),
         "prefetch": draw(st.sampled_from([0, 0, 1, 3])),
         "reuse_buffers": draw(st.sampled_from([0, 0, 5])),
+        "stride": draw(st.sampled_from([1, 1, 2, 5])),
     }
     return tokens, kwargs, draw(st.integers(0, 25))
 

@@ -340,6 +340,18 @@ def test_stride_block_gives_non_overlapping_samples_sharing_one_token():
     assert labels.tolist() == [5, 9, 13, 17, 21]
 
 
+@pytest.mark.parametrize("stride", [30, 31, 2**63 - 1, 2**63, 2**70])
+def test_a_stride_past_every_shard_gives_each_its_first_window(stride):
+    # Found by the fuzz harness: a stride beyond int64 raised OverflowError.
+    corpus = Corpus([np.arange(30), np.arange(100, 110), np.arange(200, 203)])
+    stream = stream_token_source(corpus, 2, 8, shuffle=False, stride=stride)
+    assert len(stream) == 1 and corpus.num_windows(2, stride) == 3
+    windows, next_tokens = next(stream)
+    assert windows.tolist() == [[0, 1], [100, 101], [200, 201]]
+    assert next_tokens.tolist() == [2, 102, 202]
+    assert next(iter(stream_token_source(corpus, 2, 8, stride=stride, seed=3)))[0].shape == (3, 2)
+
+
 def test_the_torch_dataset_gives_the_oracles_batches_as_tensors():
     torch_dataset = pytest.importorskip("tokstream.torch")
     shards = [Shard(np.array([0, 1, 2, 9, 3, 4, 9, 5, 6, 7, 8, 9, 1], np.uint16))]

@@ -87,6 +87,9 @@ class WindowGather:
             segment_starts, segment_lengths = self._shard_starts, corpus.lengths
         else:
             segment_starts, segment_lengths = document_boundaries[:-1], np.diff(document_boundaries)
+        # Beyond every segment's length a stride changes nothing (one window each), and the
+        # kernels take it as an int64.
+        stride = min(stride, max(int(segment_lengths.max(initial=0)), 1))
         counts = windows_per_segment(segment_lengths, block, stride)
         kept = np.flatnonzero(counts)
         self._segment_starts = _read_only(segment_starts[kept].copy())

@@ -289,8 +289,10 @@ class Corpus:
 
 def windows_per_segment(lengths: np.ndarray, block: int, stride: int) -> np.ndarray:
     """Windows of ``block + 1`` tokens, one every ``stride`` tokens, in segments of ``lengths``."""
-    # A block longer than every segment (even one beyond int64) leaves no windows at all.
-    block = min(block, int(lengths.max(initial=0)))
+    # A block longer than every segment (even one beyond int64) leaves no windows at all; a
+    # stride as long as every segment (or beyond int64) leaves at most one in each.
+    longest = int(lengths.max(initial=0))
+    block, stride = min(block, longest), min(stride, max(longest, 1))
     room = lengths - block - 1
     return np.where(room >= 0, room // stride + 1, 0).astype(np.int64)
 
