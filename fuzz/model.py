@@ -29,6 +29,8 @@ EXTRA_ARGS = (
     "prefetch",
     "reuse_buffers",
     "stride",
+    "eos",
+    "windows",
 )
 DEFAULTS = {
     "epochs": 1,
@@ -42,6 +44,8 @@ DEFAULTS = {
     "prefetch": 0,
     "reuse_buffers": 0,
     "stride": 1,
+    "eos": None,
+    "windows": "cross",
 }
 # Rounds of the implicit permutation's network (tokstream.stream).
 IMPLICIT_ROUNDS = 6
@@ -154,8 +158,11 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
         }
         if len(stored) > 1:
             raise Rejected(ValueError, "shards")
+        (dtype,) = stored
     else:
         shards = [model_tokens(tokens, "token_ids")]
+        kind = tokens.dtype.kind if isinstance(tokens, np.ndarray) else "f"
+        dtype = tokens.dtype.newbyteorder("=") if kind in "iu" else np.dtype("i8")
     args = {**DEFAULTS, **kwargs}
     controls = {
         "block": model_ranged(args["block"], "block", 1),
@@ -172,18 +179,43 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
     controls["drop_last"] = model_bool(args["drop_last"], "drop_last")
     # Windows start every stride tokens of each shard, while start + block stays inside it.
     controls["stride"] = model_ranged(args["stride"], "stride", 1)
-    # Unset, the reference's order where its windows are streamed (stride 1: the harness
-    # passes no eos, window policy or mixture), else the implicit one.
+    # A document ends after every token equal to eos; "within" keeps the windows inside one.
+    controls["eos"] = None if args["eos"] is None else model_int(args["eos"], "eos")
+    controls["windows"] = model_choice(args["windows"], "windows", ("cross", "within"))
+    # Unset, the reference's order where its windows are streamed (the harness passes no
+    # mixture), else the implicit one.
+    reference_windows = (controls["stride"], controls["eos"], controls["windows"]) == (
+        1,
+        None,
+        "cross",
+    )
     permutation = kwargs.get("permutation")
     if permutation is None:
-        permutation = "materialized" if controls["stride"] == 1 else "implicit"
+        permutation = "materialized" if reference_windows else "implicit"
     controls["permutation"] = model_choice(permutation, "permutation", ("materialized", "implicit"))
     # A background thread assembling batches ahead changes nothing about them.
     controls["prefetch"] = model_ranged(args["prefetch"], "prefetch", 0)
     # Nor does a ring of reused buffers, but for when a batch is overwritten: never before the
     # caller has received reuse_buffers more, whatever prefetch is (checked by the runner).
     controls["reuse_buffers"] = model_ranged(args["reuse_buffers"], "reuse_buffers", 0)
+    # Checked against the corpus once the options are: a token id of its dtype.
+    if controls["eos"] is not None:
+        info = np.iinfo(dtype)
+        if not int(info.min) <= controls["eos"] <= int(info.max):
+            raise Rejected(ValueError, "eos")
     return shards, controls
+
+
+def segments_of(shards: list[np.ndarray], c: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """``(shard, first token, length)`` of the pieces windows stay inside: the shards, or with
+    ``windows="within"`` the documents (cut after every eos token)."""
+    pieces = []
+    for index, tokens in enumerate(shards):
+        cuts = [0, len(tokens)]
+        if c["windows"] == "within" and c["eos"] is not None:
+            cuts[1:1] = [i + 1 for i in np.flatnonzero(tokens == c["eos"]).tolist()]
+        pieces += [(index, a, b - a) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+    return pieces
 
 
 def _mix64(z: int) -> int:
@@ -230,8 +262,9 @@ def model_batches(
     ``cursor`` is ``(epoch, position, rng_state)`` to start from instead of the beginning.
     """
     block, batch_size, world = c["block"], c["batch_size"], c["world_size"]
-    per_shard = [windows_in(len(s), block, c["stride"]) for s in shards]
-    offsets = np.concatenate([[0], np.cumsum(per_shard)]).astype(np.int64)
+    segments = segments_of(shards, c)
+    per_segment = [windows_in(length, block, c["stride"]) for _, _, length in segments]
+    offsets = np.concatenate([[0], np.cumsum(per_segment)]).astype(np.int64)
     n = int(offsets[-1])
     used = n // world * world
     global_batch = world * batch_size
@@ -256,7 +289,7 @@ def model_batches(
             base = step * global_batch
             count = min(batch_size, (used - base) // world)
             starts = [int(order(base + c["rank"] + world * i)) for i in range(count)]
-            yield _model_windows(shards, offsets, block, c["targets"], starts, c["stride"])
+            yield _model_windows(shards, segments, offsets, c, starts)
         epoch, position = epoch + 1, 0
 
 
@@ -265,14 +298,15 @@ def windows_in(length: int, block: int, stride: int) -> int:
     return (length - block - 1) // stride + 1 if length > block else 0
 
 
-def _model_windows(shards, offsets, block, targets, starts, stride):
-    windows, after = [], []
-    for start in starts:
-        shard = int(np.searchsorted(offsets, start, side="right")) - 1
-        local = (start - int(offsets[shard])) * stride
+def _model_windows(shards, segments, offsets, c, indices):
+    block, windows, after = c["block"], [], []
+    for index in indices:
+        segment = int(np.searchsorted(offsets, index, side="right")) - 1
+        shard, first, _ = segments[segment]
+        local = first + (index - int(offsets[segment])) * c["stride"]
         tokens = shards[shard]
         windows.append(tokens[local : local + block])
-        if targets == "next":
+        if c["targets"] == "next":
             after.append(tokens[local + block])
         else:
             after.append(tokens[local + 1 : local + block + 1])
@@ -280,7 +314,7 @@ def _model_windows(shards, offsets, block, targets, starts, stride):
 
 
 def model_length(shards, c) -> int:
-    per_shard = sum(windows_in(len(s), c["block"], c["stride"]) for s in shards)
+    per_shard = sum(windows_in(n, c["block"], c["stride"]) for _, _, n in segments_of(shards, c))
     used = per_shard // c["world_size"] * c["world_size"]
     full, rest = divmod(used, c["world_size"] * c["batch_size"])
     return c["epochs"] * (full + (1 if rest and not c["drop_last"] else 0))

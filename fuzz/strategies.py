@@ -216,6 +216,8 @@ def call_kwargs(draw) -> dict[str, Any]:
         "prefetch": control(st.integers(0, 3)),
         "reuse_buffers": control(st.integers(0, 6)),
         "stride": control(st.sampled_from([1, 2, 3, 7, 40])),
+        "eos": control(st.sampled_from([0, 1, 3, 7, 255, 256, 2**15, -1, 2**63])),
+        "windows": control(st.sampled_from(["cross", "within"])),
     }
     for name, strategy in optional.items():
         if draw(st.booleans()):
@@ -318,6 +320,8 @@ def resumable_calls(draw):
         "prefetch": draw(st.sampled_from([0, 0, 1, 3])),
         "reuse_buffers": draw(st.sampled_from([0, 0, 5])),
         "stride": draw(st.sampled_from([1, 1, 2, 5])),
+        "eos": draw(st.sampled_from([None, None, 0, 7, 14])),
+        "windows": draw(st.sampled_from(["cross", "cross", "within"])),
     }
     return tokens, kwargs, draw(st.integers(0, 25))
 

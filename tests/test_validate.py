@@ -215,6 +215,13 @@ def test_token_ids_convert_losslessly(token_ids, expected):
     assert _validate.token_array(token_ids).tolist() == expected
 
 
+@pytest.mark.parametrize("token_ids", [[np.int8(0)], (np.uint16(3), np.uint16(4)), [1, 2]])
+def test_a_sequence_becomes_int64_whatever_numpy_infers(token_ids):
+    # Found by the fuzz harness: [np.int8(0)] stayed int8, so eos=255 was refused for it.
+    assert _validate.token_array(token_ids).dtype == np.int64
+    assert len(stream_token_source(token_ids, 1, 1, eos=255)) == max(len(token_ids) - 1, 0)
+
+
 def test_spec_order_of_checks_is_kept():
     # token_ids is checked first, then block, batch_size, epochs, shuffle, seed.
     for path in (stream_token_source, reference.stream_token_source):

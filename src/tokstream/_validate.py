@@ -219,7 +219,9 @@ def _sequence_to_array(token_ids: Any, name: str) -> np.ndarray:
         for i, value in enumerate(token_ids):
             if isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{name}[{i}] is a bool ({value!r}); token ids must be integers")
-        return ids
+        # int64 as documented, even when NumPy infers a narrower dtype from NumPy scalars
+        # ([np.int8(0)] is int8): the dtype decides which eos values are token ids.
+        return ids.astype(np.int64, copy=False)
     return _checked_python_ints(token_ids, name)
 
 
