@@ -1,8 +1,8 @@
 """The document kernel: windows gathered with where documents start inside each.
 
-:func:`gather_documents` copies each window and writes its position ids and loss mask in the
-same loop, while the window's tokens are in cache for the ``eos`` rule. Nothing here validates
-or allocates; the Python side (``tokstream._gather``) proves every index in range.
+:func:`gather_documents` copies every window of a batch, then writes each row's position ids and
+loss mask, in one call. Nothing here validates or allocates; the Python side
+(``tokstream._gather``) proves every index in range.
 """
 
 cimport cython
@@ -68,8 +68,11 @@ def gather_documents(
 
     :func:`tokstream._windows.gather_windows` (window ``i``, ``block`` tokens from ``starts[i]``,
     into row ``rows[i]``, or ``i`` if ``rows`` is None; ``next_tokens`` or ``targets``; prefetch
-    ``prefetch`` windows ahead) with, in the same loop, each row's position ids and whether each
-    label belongs to the same document as the token it is predicted from.
+    ``prefetch`` windows ahead), then each row's position ids and whether each label belongs to
+    the same document as the token it is predicted from. Two loops: the copies run as in the
+    plain kernel, then the metadata is written row by row, the ``eos`` rule reading the copied
+    row; one loop interleaving them was slower (int64 block 128 / batch 512: 0.51 of the plain
+    stream's rate against 0.65-0.72, docs/documents.md).
 
     A token starts a document when its index is in ``document_starts`` (sorted, local to
     ``tokens``, a start repeated for each empty document) or, with ``use_eos``, when the token
@@ -83,7 +86,7 @@ def gather_documents(
     :func:`tokstream._gather._document_buckets`), so the first start after a window's is
     searched among the few of its bucket, not all of them. Those lookups come first, for every
     window, into ``first_after`` (scratch of at least ``len(starts)``): independent of each
-    other, their cache misses overlap, where inside the copy loop each would stall it.
+    other, their cache misses overlap, where inside a loop each would stall it.
 
     The caller guarantees ``0 <= starts[i]`` and ``starts[i] + block < len(tokens)``; every row
     below the buffers' first dimension; ``windows``, ``targets`` and ``position_ids`` of width
@@ -128,6 +131,9 @@ def gather_documents(
                 &targets[row, 0] if shifted else NULL,
                 NULL if shifted else &next_tokens[row],
             )
+        for i in range(count):
+            start = starts[i]
+            row = rows[i] if indirect else i
             out = &position_ids[row, 0]
             continues = &label_continues[row, 0]
             next_document = first_after[i]
@@ -166,7 +172,8 @@ def gather_documents(
             position = 0
             out[0] = 0
             for j in range(1, block + 1):
-                breaks = tokens[start + j - 1] == eos
+                # Token start + j - 1, as the first loop copied it into the row.
+                breaks = windows[row, j - 1] == eos
                 if next_start == start + j:
                     breaks = True
                     while (

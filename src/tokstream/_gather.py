@@ -183,7 +183,7 @@ class WindowGather:
                 f"a batch buffer is not {wide} (windows {windows.shape}): reshaped in place?"
             )
         if position_ids is not None:
-            # Windows and their document positions in one loop, one call per shard touched.
+            # Windows and their document positions in one kernel call per shard touched.
             starts = self.token_starts(windows_index)
             groups = [(0, None, starts)] if self._single is not None else self._by_shard(starts)
             for shard, group, local_starts in groups:
