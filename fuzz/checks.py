@@ -36,8 +36,11 @@ from fuzz.model import (
     model_batches,
     model_call,
     model_length,
+    model_mixture,
+    model_mixture_batches,
+    model_mixture_length,
 )
-from tokstream import Corpus, open_tokens, reference, stream_token_source, write_tokens
+from tokstream import Corpus, mix, open_tokens, reference, stream_token_source, write_tokens
 from tokstream._filemap import file_map_of
 
 # Batches compared per call: epochs may be 2**70.
@@ -147,6 +150,37 @@ def check_reference(tokens: Any, kwargs: dict[str, Any], expected: Rejected | No
     assert_batches_equal(
         itertools.islice(fast, MAX_BATCHES), itertools.islice(ref, MAX_BATCHES), "reference"
     )
+
+
+def check_mixture(sources, weights, kwargs) -> str:
+    """A mixture's stream yields the model's batches and length, or the predicted error."""
+    try:
+        arrays, integer_weights, controls = model_mixture(sources, weights, kwargs)
+    except Rejected as verdict:
+        expected = verdict
+    else:
+        expected = None
+    try:
+        stream = stream_token_source(mix(sources, weights), **kwargs)
+    except (TypeError, ValueError) as exc:
+        assert expected is not None, f"valid mixture raised {exc!r}"
+        assert type(exc) is expected.error, f"{exc!r}: expected {expected.error.__name__}"
+        assert expected.name in str(exc), f"{exc!r} does not name {expected.name}"
+        return f"mixture {type(exc).__name__}:{expected.name.split('[')[0]}"
+    assert expected is None, f"expected {expected.error.__name__} for {expected.name}"
+    try:
+        assert len(stream) == model_mixture_length(arrays, controls)
+        expected_batches = model_mixture_batches(arrays, integer_weights, controls)
+        assert_batches_equal(
+            itertools.islice(stream, MAX_BATCHES),
+            itertools.islice(expected_batches, MAX_BATCHES),
+            "mixture",
+            held=controls["reuse_buffers"],
+        )
+    finally:
+        stream.close()
+    assert_no_prefetch_thread()
+    return "mixture batches"
 
 
 # ---------------------------------------------------------------------------------------------

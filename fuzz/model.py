@@ -12,6 +12,7 @@ import math
 import os
 import warnings
 from collections.abc import Iterator
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -225,8 +226,9 @@ def _mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def implicit_order(n: int, seed: int, epoch: int):
-    """The implicit permutation of ``[0, n)``, in Python integers.
+def implicit_order(n: int, seed: int, epoch: int, stream: int = 0):
+    """The implicit permutation of ``[0, n)``, in Python integers (``stream`` ``s + 1`` for
+    source ``s`` of a mixture).
 
     An alternating Feistel network on ``[0, high_size * 2**low_bits)`` (``2**low_bits`` about
     ``sqrt(n)``), restricted to ``[0, n)`` by cycle walking; see ``tokstream._windows``.
@@ -234,7 +236,7 @@ def implicit_order(n: int, seed: int, epoch: int):
     low_bits = ((n - 1).bit_length() + 1) // 2
     high_size = -(-n // (1 << low_bits))
     low_mask = (1 << low_bits) - 1
-    keys = [int(k) for k in implicit_round_keys(seed, epoch, IMPLICIT_ROUNDS)]
+    keys = [int(k) for k in implicit_round_keys(seed, epoch, IMPLICIT_ROUNDS, stream)]
 
     def encrypt(x: int) -> int:
         low, high = x & low_mask, x >> low_bits
@@ -316,6 +318,107 @@ def _model_windows(shards, segments, offsets, c, indices):
 def model_length(shards, c) -> int:
     per_shard = sum(windows_in(n, c["block"], c["stride"]) for _, _, n in segments_of(shards, c))
     used = per_shard // c["world_size"] * c["world_size"]
+    full, rest = divmod(used, c["world_size"] * c["batch_size"])
+    return c["epochs"] * (full + (1 if rest and not c["drop_last"] else 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixtures: the schedule by its definition, in fractions
+
+
+def mixture_weights(weights: list[Any]) -> list[int]:
+    """The smallest integers in the ratio of the weights, each read exactly (a float as the
+    decimal it prints as); the harness keeps their sum far below 2**30, where they are rounded."""
+    exact = [Fraction(repr(float(w))) if isinstance(w, float) else Fraction(w) for w in weights]
+    scale = math.lcm(*(w.denominator for w in exact))
+    integers = [int(w * scale) for w in exact]
+    common = math.gcd(*integers)
+    return [w // common for w in integers]
+
+
+def mixture_tree(weights: list[int]):
+    """The Huffman tree of the schedule: the two lightest (earlier first on ties) merged."""
+    forest = [(w, order, ("leaf", s)) for order, (s, w) in enumerate(enumerate(weights))]
+    made = len(weights)
+    while len(forest) > 1:
+        forest.sort(key=lambda item: (item[0], item[1]))
+        (wa, _, a), (wb, _, b) = forest[0], forest[1]
+        made += 1
+        forest = forest[2:] + [(wa + wb, made, ("node", Fraction(wa, wa + wb), a, b))]
+    return forest[0][2]
+
+
+def mixture_sample(tree, k: int) -> tuple[int, int]:
+    """``(source, local index)`` of global sample ``k``: round half up at every node."""
+    while tree[0] == "node":
+        _, share, left, right = tree
+        sent_left = math.floor(k * share + Fraction(1, 2))
+        if math.floor((k + 1) * share + Fraction(1, 2)) > sent_left:
+            tree, k = left, sent_left
+        else:
+            tree, k = right, k - sent_left
+    return tree[1], k
+
+
+def model_mixture(
+    sources: dict[str, np.ndarray], weights: dict[str, Any], kwargs: dict[str, Any]
+) -> tuple[list[np.ndarray], list[int], dict[str, Any]]:
+    """A valid mixture call's sources (int64), integer weights and controls, or Rejected. The
+    harness draws valid names, weights and controls, so only what depends on the draw is
+    judged: empty sources, the materialized order, sources without a window."""
+    for name, tokens in sources.items():
+        if len(tokens) == 0:
+            raise Rejected(ValueError, f"sources[{name!r}]")
+    if kwargs.get("permutation") == "materialized":
+        raise Rejected(ValueError, "permutation")
+    arrays = [np.asarray(t).astype(np.int64) for t in sources.values()]
+    controls = {**DEFAULTS, "permutation": "implicit", **kwargs}
+    for name, tokens in zip(sources, arrays, strict=True):
+        if windows_in(len(tokens), controls["block"], controls["stride"]) == 0:
+            raise Rejected(ValueError, f"sources[{name!r}]")
+    return arrays, mixture_weights([weights[n] for n in sources]), controls
+
+
+def model_mixture_batches(
+    sources: list[np.ndarray], weights: list[int], c: dict[str, Any]
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Global sample ``e N + p`` is local sample ``j`` of source ``s`` by the schedule: position
+    ``j mod n_s`` of that source's epoch ``j div n_s``, through its own implicit permutation."""
+    tree = mixture_tree(weights)
+    counts = [windows_in(len(t), c["block"], c["stride"]) for t in sources]
+    n, world, batch_size = sum(counts), c["world_size"], c["batch_size"]
+    used = n // world * world
+    full, rest = divmod(used, world * batch_size)
+    per_epoch = full + (1 if rest and not c["drop_last"] else 0)
+    orders: dict[tuple[int, int], Any] = {}
+    for epoch in range(c["epochs"]):
+        for step in range(per_epoch):
+            base = step * world * batch_size
+            rows = min(batch_size, (used - base) // world)
+            windows, after = [], []
+            for i in range(rows):
+                source, local = mixture_sample(tree, epoch * n + base + c["rank"] + world * i)
+                source_epoch, position = divmod(local, counts[source])
+                if c["shuffle"]:
+                    key = (source, source_epoch)
+                    if key not in orders:
+                        orders[key] = implicit_order(
+                            counts[source], c["seed"], source_epoch, source + 1
+                        )
+                    position = orders[key](position)
+                start = position * c["stride"]
+                tokens = sources[source]
+                windows.append(tokens[start : start + c["block"]])
+                if c["targets"] == "next":
+                    after.append(tokens[start + c["block"]])
+                else:
+                    after.append(tokens[start + 1 : start + c["block"] + 1])
+            yield np.array(windows, dtype=np.int64), np.array(after, dtype=np.int64)
+
+
+def model_mixture_length(sources: list[np.ndarray], c: dict[str, Any]) -> int:
+    n = sum(windows_in(len(t), c["block"], c["stride"]) for t in sources)
+    used = n // c["world_size"] * c["world_size"]
     full, rest = divmod(used, c["world_size"] * c["batch_size"])
     return c["epochs"] * (full + (1 if rest and not c["drop_last"] else 0))
 

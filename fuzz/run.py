@@ -27,12 +27,14 @@ from fuzz.checks import (
     check_call,
     check_cli_file,
     check_lifecycle,
+    check_mixture,
     check_state_edit,
     check_token_file,
 )
 from fuzz.strategies import (
     call_kwargs,
     lifecycle_events,
+    mixture_calls,
     resumable_calls,
     state_edits,
     token_files,
@@ -101,10 +103,15 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
         tokens, kwargs, steps = call
         tally.add(guarded(check_lifecycle, tokens, kwargs, steps, event, directory))
 
+    @common
+    @given(call=mixture_calls())
+    def mixtures(call):
+        tally.add(guarded(check_mixture, *call))
+
     stop = time.monotonic() + seconds
     try:
         for round_number in itertools.count():
-            for test in (calls, states, files, lifecycles):
+            for test in (calls, states, files, lifecycles, mixtures):
                 (test if seed is None else hypothesis.seed(seed + round_number)(test))()
             if time.monotonic() >= stop:
                 return tally

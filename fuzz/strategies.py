@@ -326,6 +326,40 @@ def resumable_calls(draw):
     return tokens, kwargs, draw(st.integers(0, 25))
 
 
+@st.composite
+def mixture_calls(draw):
+    """A mixture of one to three small sources (tokens ``1000 s + i``: a window names its
+    source) with valid weights, and valid stream options, some of which it cannot take."""
+    dtype = draw(st.sampled_from(["u2", "i4", "i8"]))
+    sources = {
+        f"s{s}": (1000 * s + np.arange(draw(st.integers(0, 60)))).astype(dtype)
+        for s in range(draw(st.integers(1, 3)))
+    }
+    weights = {
+        name: draw(st.one_of(st.integers(1, 6), st.sampled_from([0.5, 0.3, 1.25, 2.0])))
+        for name in sources
+    }
+    world_size = draw(st.integers(1, 3))
+    kwargs = {
+        "block": draw(st.integers(1, 10)),
+        "batch_size": draw(st.integers(1, 12)),
+        "epochs": draw(st.integers(0, 3)),
+        "shuffle": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**32 - 1)),
+        "targets": draw(st.sampled_from(["next", "shifted"])),
+        "world_size": world_size,
+        "rank": draw(st.integers(0, world_size - 1)),
+        "drop_last": draw(st.booleans()),
+        "stride": draw(st.sampled_from([1, 1, 2, 3])),
+        "prefetch": draw(st.sampled_from([0, 0, 2])),
+        "reuse_buffers": draw(st.sampled_from([0, 0, 3])),
+    }
+    permutation = draw(st.sampled_from([None, None, "implicit", "materialized"]))
+    if permutation is not None:
+        kwargs["permutation"] = permutation
+    return sources, weights, kwargs
+
+
 #: What happens to a stream in the middle (see ``fuzz.checks.check_lifecycle``).
 lifecycle_events = st.sampled_from(["rewind", "edit", "pickle", "fork"])
 

@@ -44,6 +44,12 @@ def test_a_stream_rewound_edited_pickled_or_forked_mid_run_keeps_yielding_the_mo
 
 
 @QUICK
+@given(call=strategies.mixture_calls())
+def test_any_mixture_yields_the_models_batches_or_the_predicted_clear_error(call):
+    guarded(checks.check_mixture, *call)
+
+
+@QUICK
 @given(token_file=strategies.token_files())
 def test_any_token_file_opens_to_exactly_its_tokens_or_a_clear_error(tmp_path_factory, token_file):
     guarded(checks.check_token_file, tmp_path_factory.mktemp("file"), token_file)

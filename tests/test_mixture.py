@@ -5,7 +5,6 @@ source-epochs that are permutations, exact resume and rank sharding, memory, and
 from __future__ import annotations
 
 import json
-import math
 import random
 import tracemalloc
 from fractions import Fraction
@@ -16,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tokstream.mixture
+from fuzz import model
 from tokstream import Corpus, TokenStream, mix, open_tokens, stream_token_source
 from tokstream._mixture import MixtureWindows, divisor
 from tokstream._order import implicit_domain, implicit_round_keys
@@ -36,34 +36,8 @@ def weights_of(names, values) -> dict:
 
 # ------------------------------------------------------------------ the oracle of the schedule
 
-
-def oracle_tree(weights: list[int]):
-    """The Huffman tree by its definition: merge the two lightest (earlier first on ties)."""
-    forest = [(w, order, ("leaf", s)) for order, (s, w) in enumerate(enumerate(weights))]
-    made = len(weights)
-    while len(forest) > 1:
-        forest.sort(key=lambda item: (item[0], item[1]))
-        (wa, _, a), (wb, _, b) = forest[0], forest[1]
-        made += 1
-        forest = forest[2:] + [(wa + wb, made, ("node", Fraction(wa, wa + wb), a, b))]
-    return forest[0][2]
-
-
-def oracle_sample(tree, k: int) -> tuple[int, int]:
-    """(source, local index) of global sample k: round half up at every node, exactly."""
-    while tree[0] == "node":
-        _, share, left, right = tree
-        sent_left = rounded(k * share)
-        if rounded((k + 1) * share) > sent_left:
-            tree, k = left, sent_left
-        else:
-            tree, k = right, k - sent_left
-    return tree[1], k
-
-
-def rounded(value: Fraction) -> int:
-    """``value`` rounded to the nearest int, halves up."""
-    return math.floor(value + Fraction(1, 2))
+# The schedule by its definition, in fractions (one oracle, shared with the fuzz harness).
+oracle_tree, oracle_sample = model.mixture_tree, model.mixture_sample
 
 
 def schedule_of(weights: dict, count: int, first: int = 0, step: int = 1, block: int = 1):
