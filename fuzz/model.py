@@ -32,6 +32,7 @@ EXTRA_ARGS = (
     "stride",
     "eos",
     "windows",
+    "extras",
 )
 DEFAULTS = {
     "epochs": 1,
@@ -47,6 +48,7 @@ DEFAULTS = {
     "stride": 1,
     "eos": None,
     "windows": "cross",
+    "extras": (),
 }
 # Rounds of the implicit permutation's network (tokstream.stream).
 IMPLICIT_ROUNDS = 6
@@ -183,6 +185,7 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
     # A document ends after every token equal to eos; "within" keeps the windows inside one.
     controls["eos"] = None if args["eos"] is None else model_int(args["eos"], "eos")
     controls["windows"] = model_choice(args["windows"], "windows", ("cross", "within"))
+    controls["extras"] = model_extras(args["extras"])
     # Unset, the reference's order where its windows are streamed (the harness passes no
     # mixture), else the implicit one.
     reference_windows = (controls["stride"], controls["eos"], controls["windows"]) == (
@@ -205,6 +208,46 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
         if not int(info.min) <= controls["eos"] <= int(info.max):
             raise Rejected(ValueError, "eos")
     return shards, controls
+
+
+#: The batch extras of a stream over a corpus, and the one only a mixture gives.
+DOCUMENT_EXTRAS = ("position_ids", "loss_mask", "cu_seqlens")
+
+
+def model_extras(value: Any) -> tuple[str, ...]:
+    """A tuple or list of distinct extra names (a lone string is not one)."""
+    if not isinstance(value, (list, tuple)):
+        raise Rejected(TypeError, "extras")
+    names = tuple(
+        model_choice(item, f"extras[{i}]", (*DOCUMENT_EXTRAS, "source"))
+        for i, item in enumerate(value)
+    )
+    if len(set(names)) != len(names) or "source" in names:
+        raise Rejected(ValueError, "extras")
+    return names
+
+
+def with_extras(windows, after, pieces, c) -> dict[str, Any]:
+    """The dict batch of ``extras``: ``pieces`` holds, per row, its tokens ``block + 1`` long."""
+    block, eos = c["block"], c["eos"]
+    ends = np.array([[eos is not None and int(t) == eos for t in row] for row in pieces], bool)
+    batch: dict[str, Any] = {"input_ids": windows, "labels": after}
+    positions = np.zeros((len(pieces), block), np.int64)
+    for r in range(len(pieces)):
+        for j in range(1, block):
+            positions[r, j] = 0 if ends[r, j - 1] else positions[r, j - 1] + 1
+    if "position_ids" in c["extras"]:
+        batch["position_ids"] = positions
+    if "loss_mask" in c["extras"]:
+        # A label starts another document when the token it is predicted from ends one.
+        mask = ~ends[:, :block]
+        batch["loss_mask"] = mask if c["targets"] == "shifted" else mask[:, block - 1]
+    if "cu_seqlens" in c["extras"]:
+        starts = np.flatnonzero(positions.reshape(-1) == 0)
+        cuts = np.append(starts, positions.size)
+        batch["cu_seqlens"] = cuts.astype(np.int32)
+        batch["max_seqlen"] = int(np.diff(cuts).max())
+    return batch
 
 
 def segments_of(shards: list[np.ndarray], c: dict[str, Any]) -> list[tuple[int, int, int]]:
@@ -301,18 +344,20 @@ def windows_in(length: int, block: int, stride: int) -> int:
 
 
 def _model_windows(shards, segments, offsets, c, indices):
-    block, windows, after = c["block"], [], []
+    block, windows, after, pieces = c["block"], [], [], []
     for index in indices:
         segment = int(np.searchsorted(offsets, index, side="right")) - 1
         shard, first, _ = segments[segment]
         local = first + (index - int(offsets[segment])) * c["stride"]
         tokens = shards[shard]
         windows.append(tokens[local : local + block])
+        pieces.append(tokens[local : local + block + 1])
         if c["targets"] == "next":
             after.append(tokens[local + block])
         else:
             after.append(tokens[local + 1 : local + block + 1])
-    return np.array(windows, dtype=np.int64), np.array(after, dtype=np.int64)
+    batch = np.array(windows, dtype=np.int64), np.array(after, dtype=np.int64)
+    return with_extras(*batch, pieces, c) if c["extras"] else batch
 
 
 def model_length(shards, c) -> int:

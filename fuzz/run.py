@@ -33,6 +33,7 @@ from fuzz.checks import (
 )
 from fuzz.strategies import (
     call_kwargs,
+    document_calls,
     lifecycle_events,
     mixture_calls,
     resumable_calls,
@@ -104,6 +105,11 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
         tally.add(guarded(check_lifecycle, tokens, kwargs, steps, event, directory))
 
     @common
+    @given(call=document_calls())
+    def documents(call):
+        tally.add("documents " + guarded(check_call, *call))
+
+    @common
     @given(call=mixture_calls())
     def mixtures(call):
         tally.add(guarded(check_mixture, *call))
@@ -111,7 +117,7 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
     stop = time.monotonic() + seconds
     try:
         for round_number in itertools.count():
-            for test in (calls, states, files, lifecycles, mixtures):
+            for test in (calls, states, files, lifecycles, documents, mixtures):
                 (test if seed is None else hypothesis.seed(seed + round_number)(test))()
             if time.monotonic() >= stop:
                 return tally

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fuzz.model import (
+    DOCUMENT_EXTRAS,
     INT64_MIN,
     LLMC_MAGIC,
     MEGATRON_DTYPES,
@@ -218,6 +219,22 @@ def call_kwargs(draw) -> dict[str, Any]:
         "stride": control(st.sampled_from([1, 2, 3, 7, 40])),
         "eos": control(st.sampled_from([0, 1, 3, 7, 255, 256, 2**15, -1, 2**63])),
         "windows": control(st.sampled_from(["cross", "within"])),
+        "extras": control(
+            st.sampled_from(
+                [
+                    (),
+                    ("position_ids",),
+                    ("loss_mask",),
+                    ("cu_seqlens",),
+                    ("position_ids", "loss_mask", "cu_seqlens"),
+                    ["cu_seqlens", "loss_mask"],
+                    ("loss_mask", "loss_mask"),
+                    ("source",),
+                    ("positions",),
+                    (3,),
+                ]
+            )
+        ),
     }
     for name, strategy in optional.items():
         if draw(st.booleans()):
@@ -324,6 +341,34 @@ def resumable_calls(draw):
         "windows": draw(st.sampled_from(["cross", "cross", "within"])),
     }
     return tokens, kwargs, draw(st.integers(0, 25))
+
+
+@st.composite
+def document_calls(draw):
+    """Valid calls over tokens of a few values, one of them the eos, so that documents start
+    inside most windows: every window policy, stride, target and extra."""
+    tokens = draw(st.lists(st.integers(0, 4), max_size=80))
+    shards = [np.array(tokens, dtype=draw(st.sampled_from(["u1", "i2", "i8"])))]
+    if draw(st.booleans()):
+        shards.append(np.array(draw(st.lists(st.integers(0, 4), max_size=30)), shards[0].dtype))
+    world_size = draw(st.integers(1, 3))
+    kwargs = {
+        "block": draw(st.integers(1, 8)),
+        "batch_size": draw(st.integers(1, 9)),
+        "epochs": draw(st.integers(1, 2)),
+        "shuffle": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**32 - 1)),
+        "targets": draw(st.sampled_from(["next", "shifted"])),
+        "world_size": world_size,
+        "rank": draw(st.integers(0, world_size - 1)),
+        "stride": draw(st.sampled_from([1, 1, 2, 3])),
+        "eos": draw(st.sampled_from([None, 0, 0, 3])),
+        "windows": draw(st.sampled_from(["cross", "within"])),
+        "extras": tuple(draw(st.lists(st.sampled_from(DOCUMENT_EXTRAS), unique=True, min_size=1))),
+        "prefetch": draw(st.sampled_from([0, 0, 1])),
+        "reuse_buffers": draw(st.sampled_from([0, 0, 2])),
+    }
+    return ShardList(shards), kwargs
 
 
 @st.composite

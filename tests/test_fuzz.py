@@ -44,6 +44,12 @@ def test_a_stream_rewound_edited_pickled_or_forked_mid_run_keeps_yielding_the_mo
 
 
 @QUICK
+@given(call=strategies.document_calls())
+def test_documents_and_their_extras_are_the_models_for_any_call(call):
+    guarded(checks.check_call, *call)
+
+
+@QUICK
 @given(call=strategies.mixture_calls())
 def test_any_mixture_yields_the_models_batches_or_the_predicted_clear_error(call):
     guarded(checks.check_mixture, *call)
