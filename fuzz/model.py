@@ -204,8 +204,10 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
     controls["reuse_buffers"] = model_ranged(args["reuse_buffers"], "reuse_buffers", 0)
     # Checked against the corpus once the options are: a token id of its dtype.
     if controls["eos"] is not None:
+        # ... and an int64 value, as every token id is (uint64 ids past 2**63 - 1 are refused).
         info = np.iinfo(dtype)
-        if not int(info.min) <= controls["eos"] <= int(info.max):
+        low, high = max(int(info.min), INT64_MIN), min(int(info.max), INT64_MAX)
+        if not low <= controls["eos"] <= high:
             raise Rejected(ValueError, "eos")
     return shards, controls
 

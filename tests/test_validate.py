@@ -153,6 +153,13 @@ def test_bad_input_raises_at_call_time_naming_the_argument(path, overrides, erro
             id="eos_outside_int64_of_a_converted_float_corpus",
         ),
         pytest.param(
+            # Found by the fuzz harness: past int64 it reached the kernel as an OverflowError.
+            {"token_ids": np.arange(20, dtype=np.uint64), "eos": 2**63, "extras": ("loss_mask",)},
+            ValueError,
+            "([0, 9223372036854775807]), got 9223372036854775808",
+            id="eos_of_uint64_past_int64_is_no_token_id",
+        ),
+        pytest.param(
             {"token_ids": np.arange(20, dtype=np.int8), "eos": 128, "windows": "within"},
             ValueError,
             "eos",
