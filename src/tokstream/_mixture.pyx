@@ -11,7 +11,9 @@ from libc.stdint cimport int64_t, uint64_t
 
 import numpy as np
 
-from tokstream._permute cimport LANES, encrypt, encrypt_lanes, fill_round_keys, walk
+from tokstream._permute cimport (
+    LANES, encrypt, encrypt_lanes, fill_round_keys, permute_run, walk,
+)
 
 cdef extern from "_portable.h":
     uint64_t tokstream_mulhi64(uint64_t a, uint64_t b) noexcept nogil
@@ -69,6 +71,34 @@ cdef inline int64_t _schedule(
             node = nodes[4 * node + 3]
     # A leaf is a valid source index: MixtureWindows checked its tree.
     return -1 - node
+
+
+cdef inline void _samples_before(
+    uint64_t k, Py_ssize_t node_count, const int64_t *nodes, const uint64_t *divisors,
+    uint64_t *node_samples, int64_t *counts,
+) noexcept nogil:
+    # counts[s] = how many of the first k samples source s gets (k < 2**63), the tree's count
+    # c(k) at every node: the root is the last node and each node's children come before it.
+    cdef Py_ssize_t v, side
+    cdef uint64_t m, p, q, t, c
+    cdef int64_t child
+    if node_count == 0:
+        counts[0] = <int64_t>k
+        return
+    node_samples[node_count - 1] = k
+    for v in range(node_count - 1, -1, -1):
+        k = node_samples[v]
+        p = <uint64_t>nodes[4 * v]
+        q = <uint64_t>nodes[4 * v + 1]
+        m = _divide(k, divisors[4 * v], divisors[4 * v + 1])
+        t = 2 * (k - m * q) * p + q
+        c = m * p + _divide(t, divisors[4 * v + 2], divisors[4 * v + 3])
+        for side in range(2):
+            child = nodes[4 * v + 2 + side]
+            if child >= 0:
+                node_samples[child] = c if side == 0 else k - c
+            else:
+                counts[-1 - child] = <int64_t>(c if side == 0 else k - c)
 
 
 cdef inline void _source_samples(
@@ -221,6 +251,11 @@ cdef class MixtureWindows:
     cdef int64_t[::1] key_epochs
     cdef int64_t[:, ::1] source_epochs
     cdef object samples
+    cdef object grouped
+    # Per source, for the batch being filled: samples before it, before its end, and where its
+    # windows start in ``grouped`` (see _fill_by_source).
+    cdef int64_t[:, ::1] spans
+    cdef uint64_t[::1] node_samples
 
     def __init__(
         self,
@@ -261,6 +296,9 @@ cdef class MixtureWindows:
         total = weight_of(root, count - 1)
         if total != sum(weight_list):
             raise ValueError(f"the root's weight {total} is not the weights' sum")
+        # One tree: every source a leaf once, every node a child once (the root last).
+        if sorted([root, *nodes[:, 2:].ravel().tolist()]) != list(range(-count, count - 1)):
+            raise ValueError("the nodes must form one tree with each source as one leaf")
         for s, (first, n, low_bits, high_size) in enumerate(rows):
             if not (
                 n >= 1 and 0 <= first and first + n <= num_windows
@@ -284,6 +322,9 @@ cdef class MixtureWindows:
         self.key_epochs = np.full(count, -1, dtype=np.int64)
         self.source_epochs = np.full((count, 2), -1, dtype=np.int64)
         self.samples = np.empty((0, 3), dtype=np.int64)
+        self.grouped = np.empty(0, dtype=np.int64)
+        self.spans = np.zeros((3, count), dtype=np.int64)
+        self.node_samples = np.zeros(count, dtype=np.uint64)
         self.period = np.empty((0, 2), dtype=np.int64)
         self.period_magic = self.period_shift = 0
         if total <= period_limit:
@@ -334,6 +375,9 @@ cdef class MixtureWindows:
         self._check_samples(first, step, count)
         if count == 0:
             return
+        if step == 1 and self.period.shape[0] > 0:
+            self._fill_by_source(windows, first)
+            return
         if self.samples.shape[0] < count:
             self.samples = np.empty((count, 3), dtype=np.int64)
         # Held here: the buffer stays alive for this call whatever happens to the attribute.
@@ -361,3 +405,72 @@ cdef class MixtureWindows:
             else:
                 for i in range(count):
                     windows[i] = self.sources[samples[i, 0], 0] + samples[i, 2]
+
+    cdef _fill_by_source(self, int64_t[::1] windows, int64_t first):
+        # Consecutive samples give each source consecutive local indices [before, after): each
+        # source-epoch's run is permuted with one set of keys in every lane (as one corpus is),
+        # then the windows are laid out in the schedule's order, read from the period table.
+        cdef Py_ssize_t i, s, count = windows.shape[0], source_count = self.sources.shape[0]
+        cdef Py_ssize_t rounds = self.keys.shape[1]
+        if self.grouped.shape[0] < count:
+            self.grouped = np.empty(count, dtype=np.int64)
+        cdef int64_t[::1] grouped = self.grouped
+        cdef int64_t[:, ::1] spans = self.spans
+        cdef int64_t[:, ::1] sources = self.sources
+        cdef const int64_t[:, ::1] period = self.period
+        cdef uint64_t *keys = &self.keys[0, 0] if rounds > 0 else NULL
+        cdef const int64_t *tree = &self.nodes[0, 0] if self.nodes.shape[0] > 0 else NULL
+        cdef const uint64_t *divisors = (
+            &self.node_divisors[0, 0] if self.nodes.shape[0] > 0 else NULL
+        )
+        cdef uint64_t period_size = <uint64_t>period.shape[0]
+        cdef uint64_t last = <uint64_t>first + <uint64_t>(count - 1)
+        cdef uint64_t m = _divide(<uint64_t>first, self.period_magic, self.period_shift)
+        cdef uint64_t r = <uint64_t>first - m * period_size
+        cdef uint64_t local, run, epoch, n, end
+        cdef int64_t filled = 0, k
+        with nogil:
+            _samples_before(
+                <uint64_t>first, self.nodes.shape[0], tree, divisors, &self.node_samples[0],
+                &spans[0, 0],
+            )
+            # The last sample counted apart: first + count may be 2**63.
+            _samples_before(
+                last, self.nodes.shape[0], tree, divisors, &self.node_samples[0], &spans[1, 0]
+            )
+            spans[1, period[last - _divide(last, self.period_magic, self.period_shift)
+                            * period_size, 0]] += 1
+            for s in range(source_count):
+                k = spans[0, s]
+                # Sample m W + row of the table is at grouped[spans[2, s] + (its row's local
+                # index)]: the source's m w_s local indices before this period come first.
+                spans[2, s] = filled - (k - <int64_t>m * sources[s, 5])
+                n = <uint64_t>sources[s, 1]
+                while k < spans[1, s]:
+                    epoch = _divide(<uint64_t>k, self.count_divisors[s], <uint64_t>sources[s, 4])
+                    local = <uint64_t>k - epoch * n
+                    run = min(<uint64_t>(spans[1, s] - k), n - local)
+                    if self.shuffle:
+                        if self.key_epochs[s] != <int64_t>epoch:
+                            self.key_epochs[s] = <int64_t>epoch
+                            fill_round_keys(
+                                self.seed, <uint64_t>s + 1, epoch, keys + s * rounds, rounds
+                            )
+                        permute_run(
+                            &grouped[filled], local, 1, <Py_ssize_t>run, keys + s * rounds,
+                            rounds, <int>sources[s, 2], <uint64_t>sources[s, 3], n,
+                            sources[s, 0],
+                        )
+                    else:
+                        for i in range(<Py_ssize_t>run):
+                            grouped[filled + i] = sources[s, 0] + <int64_t>(local + i)
+                    k += <int64_t>run
+                    filled += <int64_t>run
+            for i in range(count):
+                s = period[r, 0]
+                windows[i] = grouped[spans[2, s] + period[r, 1]]
+                r += 1
+                if r == period_size:
+                    r = 0
+                    for s in range(source_count):
+                        spans[2, s] += sources[s, 5]

@@ -10,7 +10,7 @@ cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from tokstream._inline cimport copy_window, prefetch_window, segment_of
-from tokstream._permute cimport LANES, encrypt, encrypt_lanes, fill_round_keys, walk
+from tokstream._permute cimport fill_round_keys, permute_run
 from tokstream._types cimport token_t
 
 cdef extern from *:
@@ -175,31 +175,15 @@ def permuted_positions(
     bijection. The caller guarantees ``high_size << low_bits >= n``, ``low_bits <= 32``,
     ``high_size <= 2**32``, an even number of keys and every input position in ``[0, n)``.
     """
-    cdef Py_ssize_t i, lane, count = out.shape[0], rounds = keys.shape[0]
-    cdef uint64_t value, bound = <uint64_t>n, size = <uint64_t>high_size
+    cdef Py_ssize_t count = out.shape[0], rounds = keys.shape[0]
     cdef const uint64_t *key = &keys[0] if rounds > 0 else NULL
-    cdef uint64_t values[LANES]
-    cdef const uint64_t *lane_keys[LANES]
-    cdef int lane_low_bits[LANES]
-    cdef uint64_t lane_sizes[LANES]
+    if count == 0:
+        return
     with nogil:
-        for lane in range(LANES):
-            lane_keys[lane], lane_low_bits[lane], lane_sizes[lane] = key, low_bits, size
-        i = 0
-        while i < count:
-            if i + LANES <= count:
-                for lane in range(LANES):
-                    values[lane] = <uint64_t>(first + stride * (i + lane))
-                encrypt_lanes(values, lane_keys, rounds, lane_low_bits, lane_sizes)
-            else:
-                # The last few: one at a time.
-                for lane in range(count - i):
-                    values[lane] = encrypt(
-                        <uint64_t>(first + stride * (i + lane)), key, rounds, low_bits, size
-                    )
-            for lane in range(min(LANES, count - i)):
-                out[i + lane] = <int64_t>walk(values[lane], key, rounds, low_bits, size, bound)
-            i += LANES
+        permute_run(
+            &out[0], <uint64_t>first, <uint64_t>stride, count, key, rounds, low_bits,
+            <uint64_t>high_size, <uint64_t>n, 0,
+        )
 
 
 
