@@ -12,7 +12,7 @@ from libc.stdint cimport int64_t, uint64_t
 import numpy as np
 
 from tokstream._permute cimport (
-    LANES, encrypt, encrypt_lanes, fill_round_keys, permute_run, walk,
+    LANES, encrypt, encrypt_lanes, fill_round_keys, permute_group, walk,
 )
 
 cdef extern from "_portable.h":
@@ -251,10 +251,11 @@ cdef class MixtureWindows:
     cdef int64_t[::1] key_epochs
     cdef int64_t[:, ::1] source_epochs
     cdef object samples
-    cdef object grouped
-    # Per source, for the batch being filled: samples before it, before its end, and where its
-    # windows start in ``grouped`` (see _fill_by_source).
+    # Per source: samples before the batch being filled and before its end.
     cdef int64_t[:, ::1] spans
+    # The period table's rows of each source, in order: source s's from row_starts[s] on.
+    cdef int64_t[::1] source_rows
+    cdef int64_t[::1] row_starts
     cdef uint64_t[::1] node_samples
 
     def __init__(
@@ -322,9 +323,9 @@ cdef class MixtureWindows:
         self.key_epochs = np.full(count, -1, dtype=np.int64)
         self.source_epochs = np.full((count, 2), -1, dtype=np.int64)
         self.samples = np.empty((0, 3), dtype=np.int64)
-        self.grouped = np.empty(0, dtype=np.int64)
-        self.spans = np.zeros((3, count), dtype=np.int64)
+        self.spans = np.zeros((2, count), dtype=np.int64)
         self.node_samples = np.zeros(count, dtype=np.uint64)
+        self.source_rows = self.row_starts = np.empty(0, dtype=np.int64)
         self.period = np.empty((0, 2), dtype=np.int64)
         self.period_magic = self.period_shift = 0
         if total <= period_limit:
@@ -332,6 +333,8 @@ cdef class MixtureWindows:
             self._walk_tree(period, 0, 1)
             self.period = period
             self.period_magic, self.period_shift = divisor(total)
+            self.source_rows = np.argsort(period[:, 0], kind="stable")
+            self.row_starts = np.cumsum(weight_list) - np.array(weight_list)
 
     @property
     def period_length(self) -> int:
@@ -409,26 +412,31 @@ cdef class MixtureWindows:
     cdef _fill_by_source(self, int64_t[::1] windows, int64_t first):
         # Consecutive samples give each source consecutive local indices [before, after): each
         # source-epoch's run is permuted with one set of keys in every lane (as one corpus is),
-        # then the windows are laid out in the schedule's order, read from the period table.
-        cdef Py_ssize_t i, s, count = windows.shape[0], source_count = self.sources.shape[0]
+        # and each window stored at its sample's place in the batch, read from the period
+        # table: local index m w_s + j of source s is sample m W + (the row of its j-th place).
+        cdef Py_ssize_t i, s, count = windows.shape[0]
         cdef Py_ssize_t rounds = self.keys.shape[1]
-        if self.grouped.shape[0] < count:
-            self.grouped = np.empty(count, dtype=np.int64)
-        cdef int64_t[::1] grouped = self.grouped
         cdef int64_t[:, ::1] spans = self.spans
         cdef int64_t[:, ::1] sources = self.sources
-        cdef const int64_t[:, ::1] period = self.period
+        cdef const int64_t[::1] rows = self.source_rows
         cdef uint64_t *keys = &self.keys[0, 0] if rounds > 0 else NULL
         cdef const int64_t *tree = &self.nodes[0, 0] if self.nodes.shape[0] > 0 else NULL
         cdef const uint64_t *divisors = (
             &self.node_divisors[0, 0] if self.nodes.shape[0] > 0 else NULL
         )
-        cdef uint64_t period_size = <uint64_t>period.shape[0]
+        cdef int64_t period_size = self.period.shape[0]
         cdef uint64_t last = <uint64_t>first + <uint64_t>(count - 1)
-        cdef uint64_t m = _divide(<uint64_t>first, self.period_magic, self.period_shift)
-        cdef uint64_t r = <uint64_t>first - m * period_size
-        cdef uint64_t local, run, epoch, n, end
-        cdef int64_t filled = 0, k
+        cdef int64_t first_period = <int64_t>_divide(
+            <uint64_t>first, self.period_magic, self.period_shift
+        )
+        cdef int64_t first_row = first - first_period * period_size
+        cdef uint64_t local, run, epoch, n
+        cdef int64_t k, weight, periods, place, row_first, base
+        cdef Py_ssize_t lane, lanes
+        cdef uint64_t values[LANES]
+        cdef const uint64_t *lane_keys[LANES]
+        cdef int lane_low_bits[LANES]
+        cdef uint64_t lane_sizes[LANES]
         with nogil:
             _samples_before(
                 <uint64_t>first, self.nodes.shape[0], tree, divisors, &self.node_samples[0],
@@ -438,39 +446,48 @@ cdef class MixtureWindows:
             _samples_before(
                 last, self.nodes.shape[0], tree, divisors, &self.node_samples[0], &spans[1, 0]
             )
-            spans[1, period[last - _divide(last, self.period_magic, self.period_shift)
-                            * period_size, 0]] += 1
-            for s in range(source_count):
+            s = self.period[last - _divide(last, self.period_magic, self.period_shift)
+                            * <uint64_t>period_size, 0]
+            spans[1, s] += 1
+            for s in range(self.sources.shape[0]):
                 k = spans[0, s]
-                # Sample m W + row of the table is at grouped[spans[2, s] + (its row's local
-                # index)]: the source's m w_s local indices before this period come first.
-                spans[2, s] = filled - (k - <int64_t>m * sources[s, 5])
                 n = <uint64_t>sources[s, 1]
+                weight = sources[s, 5]
+                row_first = self.row_starts[s]
+                # Local index k = periods * w_s + place is sample periods * W + rows[place], at
+                # base + rows[place] in the batch (k >= first_period * w_s).
+                periods = k // weight
+                place = k - periods * weight
+                base = (periods - first_period) * period_size - first_row
                 while k < spans[1, s]:
                     epoch = _divide(<uint64_t>k, self.count_divisors[s], <uint64_t>sources[s, 4])
                     local = <uint64_t>k - epoch * n
                     run = min(<uint64_t>(spans[1, s] - k), n - local)
-                    if self.shuffle:
-                        if self.key_epochs[s] != <int64_t>epoch:
-                            self.key_epochs[s] = <int64_t>epoch
-                            fill_round_keys(
-                                self.seed, <uint64_t>s + 1, epoch, keys + s * rounds, rounds
-                            )
-                        permute_run(
-                            &grouped[filled], local, 1, <Py_ssize_t>run, keys + s * rounds,
-                            rounds, <int>sources[s, 2], <uint64_t>sources[s, 3], n,
-                            sources[s, 0],
+                    if self.shuffle and self.key_epochs[s] != <int64_t>epoch:
+                        self.key_epochs[s] = <int64_t>epoch
+                        fill_round_keys(
+                            self.seed, <uint64_t>s + 1, epoch, keys + s * rounds, rounds
                         )
-                    else:
-                        for i in range(<Py_ssize_t>run):
-                            grouped[filled + i] = sources[s, 0] + <int64_t>(local + i)
+                    for lane in range(LANES):
+                        lane_keys[lane] = keys + s * rounds
+                        lane_low_bits[lane] = <int>sources[s, 2]
+                        lane_sizes[lane] = <uint64_t>sources[s, 3]
+                    i = 0
+                    while i < <Py_ssize_t>run:
+                        lanes = min(LANES, <Py_ssize_t>run - i)
+                        for lane in range(lanes):
+                            values[lane] = local + <uint64_t>(i + lane)
+                        if self.shuffle:
+                            permute_group(
+                                values, lanes, lane_keys, rounds, lane_low_bits, lane_sizes, n
+                            )
+                        for lane in range(lanes):
+                            windows[base + rows[row_first + place]] = (
+                                sources[s, 0] + <int64_t>values[lane]
+                            )
+                            place += 1
+                            if place == weight:
+                                place = 0
+                                base += period_size
+                        i += LANES
                     k += <int64_t>run
-                    filled += <int64_t>run
-            for i in range(count):
-                s = period[r, 0]
-                windows[i] = grouped[spans[2, s] + period[r, 1]]
-                r += 1
-                if r == period_size:
-                    r = 0
-                    for s in range(source_count):
-                        spans[2, s] += sources[s, 5]

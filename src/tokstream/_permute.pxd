@@ -1,7 +1,7 @@
 # The keyed permutation of [0, n) the implicit orders use (one corpus in _windows.pyx, each
 # source-epoch of a mixture in _mixture.pyx): an alternating Feistel network on a mixed-radix
 # domain, restricted to [0, n) by cycle walking. One definition, inlined where it is used.
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport uint64_t
 
 cdef extern from "_portable.h":
     uint64_t tokstream_mulhi64(uint64_t a, uint64_t b) noexcept nogil
@@ -81,43 +81,26 @@ cdef inline uint64_t walk(
 
 
 
-cdef inline void permute_run(
-    int64_t *out,
-    uint64_t first,
-    uint64_t stride,
-    Py_ssize_t count,
-    const uint64_t *keys,
+cdef inline void permute_group(
+    uint64_t *values,
+    Py_ssize_t lanes,
+    const uint64_t **keys,
     Py_ssize_t rounds,
-    int low_bits,
-    uint64_t high_size,
+    const int *low_bits,
+    const uint64_t *high_size,
     uint64_t bound,
-    int64_t offset,
 ) noexcept nogil:
-    # out[i] = offset + pi(first + stride i) for one permutation pi of [0, bound): LANES
-    # positions side by side, the last few one at a time. The caller guarantees every position
-    # below bound, high_size << low_bits >= bound, low_bits <= 32 and high_size <= 2**32.
-    cdef Py_ssize_t i = 0, lane
-    cdef uint64_t values[LANES]
-    cdef const uint64_t *lane_keys[LANES]
-    cdef int lane_low_bits[LANES]
-    cdef uint64_t lane_sizes[LANES]
-    for lane in range(LANES):
-        lane_keys[lane], lane_low_bits[lane], lane_sizes[lane] = keys, low_bits, high_size
-    while i < count:
-        if i + LANES <= count:
-            for lane in range(LANES):
-                values[lane] = first + stride * <uint64_t>(i + lane)
-            encrypt_lanes(values, lane_keys, rounds, lane_low_bits, lane_sizes)
-        else:
-            for lane in range(count - i):
-                values[lane] = encrypt(
-                    first + stride * <uint64_t>(i + lane), keys, rounds, low_bits, high_size
-                )
-        for lane in range(min(LANES, count - i)):
-            out[i + lane] = offset + <int64_t>walk(
-                values[lane], keys, rounds, low_bits, high_size, bound
-            )
-        i += LANES
+    # values[:lanes] through one permutation of [0, bound), whose keys and domain every one of
+    # the LANES entries of keys, low_bits and high_size holds: a full group side by side, fewer
+    # one at a time, then cycle walking. The caller guarantees every value below bound.
+    cdef Py_ssize_t lane
+    if lanes == LANES:
+        encrypt_lanes(values, keys, rounds, low_bits, high_size)
+    else:
+        for lane in range(lanes):
+            values[lane] = encrypt(values[lane], keys[0], rounds, low_bits[0], high_size[0])
+    for lane in range(lanes):
+        values[lane] = walk(values[lane], keys[0], rounds, low_bits[0], high_size[0], bound)
 
 
 cdef inline void fill_round_keys(

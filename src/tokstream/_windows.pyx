@@ -10,7 +10,7 @@ cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from tokstream._inline cimport copy_window, prefetch_window, segment_of
-from tokstream._permute cimport fill_round_keys, permute_run
+from tokstream._permute cimport LANES, fill_round_keys, permute_group
 from tokstream._types cimport token_t
 
 cdef extern from *:
@@ -175,15 +175,26 @@ def permuted_positions(
     bijection. The caller guarantees ``high_size << low_bits >= n``, ``low_bits <= 32``,
     ``high_size <= 2**32``, an even number of keys and every input position in ``[0, n)``.
     """
-    cdef Py_ssize_t count = out.shape[0], rounds = keys.shape[0]
-    cdef const uint64_t *key = &keys[0] if rounds > 0 else NULL
-    if count == 0:
-        return
+    cdef Py_ssize_t i = 0, lane, lanes, count = out.shape[0], rounds = keys.shape[0]
+    cdef uint64_t values[LANES]
+    cdef const uint64_t *lane_keys[LANES]
+    cdef int lane_low_bits[LANES]
+    cdef uint64_t lane_sizes[LANES]
     with nogil:
-        permute_run(
-            &out[0], <uint64_t>first, <uint64_t>stride, count, key, rounds, low_bits,
-            <uint64_t>high_size, <uint64_t>n, 0,
-        )
+        for lane in range(LANES):
+            lane_keys[lane] = &keys[0] if rounds > 0 else NULL
+            lane_low_bits[lane] = low_bits
+            lane_sizes[lane] = <uint64_t>high_size
+        while i < count:
+            lanes = min(LANES, count - i)
+            for lane in range(lanes):
+                values[lane] = <uint64_t>(first + stride * (i + lane))
+            permute_group(
+                values, lanes, lane_keys, rounds, lane_low_bits, lane_sizes, <uint64_t>n
+            )
+            for lane in range(lanes):
+                out[i + lane] = <int64_t>values[lane]
+            i += LANES
 
 
 
