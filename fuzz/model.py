@@ -433,7 +433,7 @@ def model_mixture_batches(
     ``j mod n_s`` of that source's epoch ``j div n_s``, through its own implicit permutation."""
     tree = mixture_tree(weights)
     counts = [windows_in(len(t), c["block"], c["stride"]) for t in sources]
-    n, world, batch_size = sum(counts), c["world_size"], c["batch_size"]
+    n, world, batch_size = mixture_epoch(counts, c), c["world_size"], c["batch_size"]
     used = n // world * world
     full, rest = divmod(used, world * batch_size)
     per_epoch = full + (1 if rest and not c["drop_last"] else 0)
@@ -442,9 +442,10 @@ def model_mixture_batches(
         for step in range(per_epoch):
             base = step * world * batch_size
             rows = min(batch_size, (used - base) // world)
-            windows, after = [], []
+            windows, after, row_sources = [], [], []
             for i in range(rows):
                 source, local = mixture_sample(tree, epoch * n + base + c["rank"] + world * i)
+                row_sources.append(source)
                 source_epoch, position = divmod(local, counts[source])
                 if c["shuffle"]:
                     key = (source, source_epoch)
@@ -460,11 +461,20 @@ def model_mixture_batches(
                     after.append(tokens[start + c["block"]])
                 else:
                     after.append(tokens[start + 1 : start + c["block"] + 1])
-            yield np.array(windows, dtype=np.int64), np.array(after, dtype=np.int64)
+            x, y = np.array(windows, dtype=np.int64), np.array(after, dtype=np.int64)
+            if "source" in c["extras"]:
+                yield {"input_ids": x, "labels": y, "source": np.array(row_sources, np.int64)}
+            else:
+                yield x, y
+
+
+def mixture_epoch(counts: list[int], c: dict[str, Any]) -> int:
+    """Samples in an epoch: ``samples=``, else every window of every source once."""
+    return sum(counts) if c.get("samples") is None else c["samples"]
 
 
 def model_mixture_length(sources: list[np.ndarray], c: dict[str, Any]) -> int:
-    n = sum(windows_in(len(t), c["block"], c["stride"]) for t in sources)
+    n = mixture_epoch([windows_in(len(t), c["block"], c["stride"]) for t in sources], c)
     used = n // c["world_size"] * c["world_size"]
     full, rest = divmod(used, c["world_size"] * c["batch_size"])
     return c["epochs"] * (full + (1 if rest and not c["drop_last"] else 0))

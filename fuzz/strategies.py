@@ -402,6 +402,11 @@ def mixture_calls(draw):
     permutation = draw(st.sampled_from([None, None, "implicit", "materialized"]))
     if permutation is not None:
         kwargs["permutation"] = permutation
+    samples = draw(st.sampled_from([None, None, 1, 7, 40]))
+    if samples is not None:
+        kwargs["samples"] = samples
+    if draw(st.booleans()):
+        kwargs["extras"] = ("source",)
     return sources, weights, kwargs
 
 
