@@ -11,7 +11,11 @@ For each shape the three are timed in turn, round after round; the table shows t
 Mtok/s of each and the ratios ``mixture / one corpus`` and ``mixture / same shards`` (the
 second isolates the schedule: both gather from three shards).
 
+``--world-size W`` streams rank 0 of ``W`` ranks for all three (a rank of several takes every
+``W``-th sample, which the mixture reads along its cycle of period rows).
+
     python benchmarks/mixture_ratio.py [--tokens 10_000_000] [--rounds 5] [--batches 100]
+        [--world-size 1]
 """
 
 from __future__ import annotations
@@ -46,10 +50,17 @@ def token_sources(ids: np.ndarray) -> dict[str, object]:
     }
 
 
-def stream(token_ids: object, block: int, batch_size: int):
-    """A shuffled implicit stream long enough for any timing run; its first batch drawn."""
+def stream(token_ids: object, block: int, batch_size: int, world_size: int = 1):
+    """A shuffled implicit stream (rank 0 of ``world_size``) long enough for any timing run;
+    its first batch drawn."""
     batches = stream_token_source(
-        token_ids, block, batch_size, epochs=1000, seed=0, permutation="implicit"
+        token_ids,
+        block,
+        batch_size,
+        epochs=1000,
+        seed=0,
+        permutation="implicit",
+        world_size=world_size,
     )
     next(batches)
     return batches
@@ -68,15 +79,21 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=10_000_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batches", type=int, default=100)
+    parser.add_argument("--world-size", type=int, default=1)
     args = parser.parse_args()
     ways = token_sources(synthetic_corpus(args.tokens, "uint16", 0))
-    print(f"{args.tokens:,} uint16 tokens, median of {args.rounds} rounds x {args.batches} batches")
+    print(
+        f"{args.tokens:,} uint16 tokens, median of {args.rounds} rounds x {args.batches} batches"
+        f", rank 0 of {args.world_size}"
+    )
     print(
         f"{'block, batch':>14} {'one corpus':>11} {'same shards':>12} {'mixture':>9}"
         f" {'mix/one':>8} {'mix/shards':>11}  (Mtok/s)"
     )
     for block, batch_size in SHAPES:
-        streams = {label: stream(t, block, batch_size) for label, t in ways.items()}
+        streams = {
+            label: stream(t, block, batch_size, args.world_size) for label, t in ways.items()
+        }
         seconds: dict[str, list[float]] = {label: [] for label in streams}
         for _ in range(args.rounds):
             for label, batches in streams.items():

@@ -300,6 +300,33 @@ def test_the_mixture_kernel_table_is_its_tree():
     assert windows.tolist() == expected.tolist()
 
 
+@pytest.mark.parametrize("weights", [[3, 5, 2], [1, 1], [7, 1, 1, 40], [4, 6]])
+@pytest.mark.parametrize("step", [2, 3, 5, 10, 20, 64, 2**30 + 3, 2**31])
+def test_a_rank_of_several_reads_the_same_windows_from_its_cycle_of_rows(weights, step):
+    # A rank takes every step-th sample: from a period table it follows the cycle of rows it
+    # visits (one class modulo gcd(period, step); a step that the period divides stays on one
+    # row, one coprime to it visits them all), each source's samples permuted together. The
+    # tree's path gives the same windows, whatever the first sample and the batch length;
+    # steps of 2**31 and more take the per-sample path.
+    sizes = [9, 30, 4, 70][: len(weights)]
+    root, nodes = tokstream.mixture.schedule_tree(weights)
+    firsts = np.cumsum([0, *sizes])[:-1].tolist()
+    sources = [(f, n, *implicit_domain(n)) for f, n in zip(firsts, sizes, strict=True)]
+    for shuffle in (True, False):
+        tree, table = (
+            MixtureWindows(root, nodes, weights, sources, sum(sizes), 11, shuffle, 6, limit)
+            for limit in (0, 2**16)
+        )
+        for first in (0, 1, 7, 123, 2**40 + 5):
+            for count in (1, 9, 130):
+                if first + step * (count - 1) >= 2**63:
+                    continue
+                by_tree, by_table = np.empty(count, np.int64), np.empty(count, np.int64)
+                tree.fill(by_tree, first, step)
+                table.fill(by_table, first, step)
+                assert by_table.tolist() == by_tree.tolist(), (first, count, shuffle)
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     weights=st.lists(st.integers(1, 50), min_size=1, max_size=6),

@@ -5,9 +5,17 @@ table of one period when the period is short) and its sources' window ranges and
 domains. It checks them and derives its divisors itself when it is made, so whatever it is
 given, every window it writes lies in its sources' ranges; then :meth:`MixtureWindows.fill`
 maps a batch's sample indices to window indices with its tables held, not re-acquired per call.
+
+With a period table a batch goes by source: each source's samples in the batch (consecutive
+local indices for consecutive samples; for a rank's every step-th sample, read along the cycle
+of period rows the rank visits) are permuted eight at a time with one key set, as one corpus's
+are, and stored at their places. Without one, each sample walks the tree and the lanes each
+load their own source's keys.
 """
 
 from libc.stdint cimport int64_t, uint64_t
+
+import math
 
 import numpy as np
 
@@ -18,7 +26,17 @@ from tokstream._permute cimport (
 cdef extern from "_portable.h":
     uint64_t tokstream_mulhi64(uint64_t a, uint64_t b) noexcept nogil
 
+cdef extern from *:
+    """
+    #ifndef TOKSTREAM_DEBUG
+    #define TOKSTREAM_DEBUG 0
+    #endif
+    """
+    const bint TOKSTREAM_DEBUG
+
 cdef int64_t INT64_MAX = 0x7FFFFFFFFFFFFFFF
+# Ranks of fewer than this many: the rank's cycle of period rows is tabled (see _cycle).
+cdef int64_t CYCLE_STEP_LIMIT = 1 << 31
 
 
 def divisor(d: int) -> tuple[int, int]:
@@ -212,6 +230,77 @@ cdef inline void _permute_samples(
 
 
 
+cdef inline int _source_windows(
+    int64_t *windows,
+    Py_ssize_t count,
+    int64_t place,
+    int64_t k,
+    const int64_t *entries,
+    Py_ssize_t low,
+    Py_ssize_t high,
+    Py_ssize_t entry,
+    Py_ssize_t s,
+    const int64_t *source,
+    uint64_t count_divisor,
+    bint shuffle,
+    uint64_t seed,
+    uint64_t *keys,
+    Py_ssize_t rounds,
+    int64_t *key_epoch,
+    int64_t *samples,
+) noexcept nogil:
+    # The windows of source s's samples in the batch: the first at ``place``, local index k,
+    # entry ``entry`` of its rows [low, high) of the cycle (rows of 3: position, local index
+    # step, place step). ``source`` is its row of MixtureWindows.sources, keys its round keys
+    # (of epoch key_epoch[0]); ``samples`` has room for 2 count. Returns 0, or -1 if a place
+    # fell outside the batch (checked in the debug build only: the cycle's arithmetic keeps
+    # them inside).
+    cdef uint64_t n = <uint64_t>source[1], epoch
+    # Below any local index: the first sample computes its epoch.
+    cdef int64_t epoch_start = INT64_MAX
+    cdef Py_ssize_t i = 0, lane, lanes, taken = 0
+    cdef uint64_t values[LANES]
+    cdef const uint64_t *lane_keys[LANES]
+    cdef int lane_low_bits[LANES]
+    cdef uint64_t lane_sizes[LANES]
+    # The source's samples first: local index, then place, in order.
+    while place < count:
+        if TOKSTREAM_DEBUG and place < 0:
+            return -1
+        samples[2 * taken] = k
+        samples[2 * taken + 1] = place
+        taken += 1
+        k += entries[3 * entry + 1]
+        place += entries[3 * entry + 2]
+        entry += 1
+        if entry == high:
+            entry = low
+    for lane in range(LANES):
+        lane_keys[lane] = keys
+        lane_low_bits[lane] = <int>source[2]
+        lane_sizes[lane] = <uint64_t>source[3]
+    # Then eight at a time, a group never spanning two epochs of the source.
+    while i < taken:
+        if <uint64_t>(samples[2 * i] - epoch_start) >= n:
+            epoch = _divide(<uint64_t>samples[2 * i], count_divisor, <uint64_t>source[4])
+            epoch_start = <int64_t>(epoch * n)
+            if shuffle and key_epoch[0] != <int64_t>epoch:
+                key_epoch[0] = <int64_t>epoch
+                fill_round_keys(seed, <uint64_t>s + 1, epoch, keys, rounds)
+        # Local indices ascend: the group ends before the first of the next epoch.
+        lanes = min(LANES, taken - i)
+        while lanes > 1 and <uint64_t>(samples[2 * (i + lanes - 1)] - epoch_start) >= n:
+            lanes -= 1
+        for lane in range(lanes):
+            values[lane] = <uint64_t>(samples[2 * (i + lane)] - epoch_start)
+        if shuffle:
+            permute_group(values, lanes, lane_keys, rounds, lane_low_bits, lane_sizes, n)
+        for lane in range(lanes):
+            windows[samples[2 * (i + lane) + 1]] = source[0] + <int64_t>values[lane]
+        i += lanes
+    return 0
+
+
 cdef class MixtureWindows:
     """The window index of every sample of a mixture, from its schedule and its sources.
 
@@ -257,6 +346,11 @@ cdef class MixtureWindows:
     cdef int64_t[::1] source_rows
     cdef int64_t[::1] row_starts
     cdef uint64_t[::1] node_samples
+    # The cycle of period rows a rank of several visits (see _cycle): for which step and
+    # class, and its entries grouped by source (position, local-index step, place step).
+    cdef int64_t cycle_step, cycle_class, cycle_gcd, cycle_length, cycle_inverse
+    cdef int64_t[:, ::1] cycle
+    cdef int64_t[::1] cycle_starts
 
     def __init__(
         self,
@@ -326,6 +420,7 @@ cdef class MixtureWindows:
         self.spans = np.zeros((2, count), dtype=np.int64)
         self.node_samples = np.zeros(count, dtype=np.uint64)
         self.source_rows = self.row_starts = np.empty(0, dtype=np.int64)
+        self.cycle_step = 0
         self.period = np.empty((0, 2), dtype=np.int64)
         self.period_magic = self.period_shift = 0
         if total <= period_limit:
@@ -378,8 +473,11 @@ cdef class MixtureWindows:
         self._check_samples(first, step, count)
         if count == 0:
             return
-        if step == 1 and self.period.shape[0] > 0:
-            self._fill_by_source(windows, first)
+        if self.period.shape[0] > 0 and step == 1:
+            self._fill_consecutive(windows, first)
+            return
+        if self.period.shape[0] > 0 and step < CYCLE_STEP_LIMIT:
+            self._fill_by_cycle(windows, first, step)
             return
         if self.samples.shape[0] < count:
             self.samples = np.empty((count, 3), dtype=np.int64)
@@ -409,7 +507,109 @@ cdef class MixtureWindows:
                 for i in range(count):
                     windows[i] = self.sources[samples[i, 0], 0] + samples[i, 2]
 
-    cdef _fill_by_source(self, int64_t[::1] windows, int64_t first):
+    cdef _cycle(self, int64_t step, int64_t rank_class):
+        # Samples first + step i visit the period's rows (first + step i) mod W, all in one class
+        # modulo g = gcd(W, step), along a cycle of L = W / g rows: cycle position v is row
+        # (class + step v) mod W, (class + step v) div W periods on. Each source's entries in
+        # the cycle, in order: its position v, then how much its local index and the place in
+        # the batch grow to its next entry (past the last: around the cycle, step / g periods
+        # on). Cached for the last (step, class): a rank keeps both for an epoch at least.
+        if self.cycle_step == step and self.cycle_class == rank_class:
+            return
+        period = np.asarray(self.period)
+        size = period.shape[0]
+        g = math.gcd(size, step)
+        length = size // g
+        v = np.arange(length, dtype=np.int64)
+        # step < 2**31 and v < 2**16: every product below stays under 2**48.
+        offsets = rank_class + (step % size) * v
+        rows = offsets % size
+        periods = offsets // size + (step // size) * v
+        sources = period[rows, 0]
+        weights = np.asarray(self.sources)[sources, 5]
+        local = periods * weights + period[rows, 1]
+        order = np.lexsort((v, sources))
+        sources, v, local, weights = sources[order], v[order], local[order], weights[order]
+        starts = np.searchsorted(sources, np.arange(self.sources.shape[0] + 1))
+        begins, ends = starts[: self.sources.shape[0]], starts[1:]
+        # Each entry's next one in its source's group; a group's last goes around to its first.
+        nonempty = ends > begins
+        last = ends[nonempty] - 1
+        following = np.arange(1, length + 1)
+        following[last] = begins[nonempty]
+        around = np.zeros(length, dtype=np.int64)
+        around[last] = 1
+        cycle = np.empty((length, 3), dtype=np.int64)
+        cycle[:, 0] = v
+        cycle[:, 1] = local[following] - local + around * (step // g) * weights
+        cycle[:, 2] = v[following] - v + around * length
+        self.cycle = cycle
+        self.cycle_starts = starts.astype(np.int64)
+        self.cycle_length = length
+        self.cycle_inverse = pow((step // g) % length, -1, length)
+        self.cycle_step, self.cycle_class, self.cycle_gcd = step, rank_class, g
+
+    cdef _fill_by_cycle(self, int64_t[::1] windows, int64_t first, int64_t step):
+        # The samples of each source, in order, from its entries in the rank's cycle of period
+        # rows: the first at or after the batch's starting position, then on around the cycle.
+        # Every eight of one source-epoch are permuted together with one key set in every lane
+        # (as one corpus is) and stored at their places in the batch.
+        cdef Py_ssize_t count = windows.shape[0], rounds = self.keys.shape[1]
+        cdef int64_t size = self.period.shape[0]
+        cdef int64_t g = self.cycle_gcd if self.cycle_step == step else math.gcd(size, step)
+        self._cycle(step, first % g)
+        # The batch's first row, first mod W, is this far along the cycle.
+        cdef int64_t start = (
+            (first % size - first % g) // g * self.cycle_inverse % self.cycle_length
+        )
+        cdef int64_t[:, ::1] sources = self.sources
+        cdef const int64_t[:, ::1] period = self.period
+        cdef const int64_t[:, ::1] cycle = self.cycle
+        cdef const int64_t[::1] starts = self.cycle_starts
+        cdef uint64_t *keys = &self.keys[0, 0] if rounds > 0 else NULL
+        if self.samples.shape[0] < count:
+            self.samples = np.empty((count, 3), dtype=np.int64)
+        # Held here: the buffer stays alive for this call whatever happens to the attribute.
+        cdef int64_t[:, ::1] samples = self.samples
+        cdef Py_ssize_t s, entry, low, high, upper, middle
+        cdef int64_t place, k, sample
+        cdef uint64_t periods
+        with nogil:
+            for s in range(sources.shape[0]):
+                low, high = starts[s], starts[s + 1]
+                if low == high:
+                    continue
+                # The source's first entry at or after the batch's position in the cycle: a
+                # binary search among its entries, whose positions ascend.
+                entry, upper = low, high
+                while entry < upper:
+                    middle = (entry + upper) // 2
+                    if cycle[middle, 0] < start:
+                        entry = middle + 1
+                    else:
+                        upper = middle
+                if entry == high:
+                    entry = low
+                    place = cycle[entry, 0] + self.cycle_length - start
+                else:
+                    place = cycle[entry, 0] - start
+                if place >= count:
+                    continue
+                # Its local index, from its sample (below 2**63: a sample of the batch).
+                sample = first + step * place
+                periods = _divide(<uint64_t>sample, self.period_magic, self.period_shift)
+                k = <int64_t>periods * sources[s, 5] + period[
+                    sample - <int64_t>periods * size, 1
+                ]
+                if _source_windows(
+                    &windows[0], count, place, k, &cycle[0, 0], low, high, entry, s,
+                    &sources[s, 0], self.count_divisors[s], self.shuffle, self.seed,
+                    keys + s * rounds, rounds, &self.key_epochs[s], &samples[0, 0],
+                ) < 0:
+                    with gil:
+                        raise AssertionError(f"source {s}'s samples fell outside the batch")
+
+    cdef _fill_consecutive(self, int64_t[::1] windows, int64_t first):
         # Consecutive samples give each source consecutive local indices [before, after): each
         # source-epoch's run is permuted with one set of keys in every lane (as one corpus is),
         # and each window stored at its sample's place in the batch, read from the period
