@@ -28,6 +28,7 @@ from fuzz.model import (
     DEFAULTS,
     EXTRA_ARGS,
     SPEC_ARGS,
+    DocumentList,
     Rejected,
     ShardList,
     TokenFile,
@@ -48,6 +49,8 @@ MAX_BATCHES = 30
 
 
 def build_stream(tokens: Any, kwargs: dict[str, Any]):
+    if isinstance(tokens, DocumentList):
+        return stream_token_source(Corpus.from_documents(tokens.documents), **kwargs)
     source = Corpus(tokens.shards) if isinstance(tokens, ShardList) else tokens
     return stream_token_source(source, **kwargs)
 

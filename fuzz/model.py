@@ -72,6 +72,20 @@ class ShardList:
         return f"ShardList({self.shards!r})"
 
 
+class DocumentList(ShardList):
+    """Fuzzed recorded documents (arrays of one dtype): the call wraps them in
+    ``Corpus.from_documents``; the model sees one shard, a document starting at each array."""
+
+    def __init__(self, documents: list[np.ndarray]) -> None:
+        super().__init__([np.concatenate(documents)])
+        self.documents = documents
+        #: The token index of each document's first token, past the first.
+        self.starts = set(np.cumsum([len(d) for d in documents])[:-1].tolist())
+
+    def __repr__(self) -> str:
+        return f"DocumentList({self.documents!r})"
+
+
 # ---------------------------------------------------------------------------------------------
 # Calls: validity and batches
 
@@ -186,6 +200,10 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
     controls["eos"] = None if args["eos"] is None else model_int(args["eos"], "eos")
     controls["windows"] = model_choice(args["windows"], "windows", ("cross", "within"))
     controls["extras"] = model_extras(args["extras"])
+    # Recorded document starts, per shard: the tokens the eos rule does not find.
+    controls["recorded"] = [tokens.starts if isinstance(tokens, DocumentList) else set()] * len(
+        shards
+    )
     # Unset, the reference's order where its windows are streamed (the harness passes no
     # mixture), else the implicit one.
     reference_windows = (controls["stride"], controls["eos"], controls["windows"]) == (
@@ -229,13 +247,13 @@ def model_extras(value: Any) -> tuple[str, ...]:
     return names
 
 
-def with_extras(windows, after, pieces, c) -> dict[str, Any]:
-    """The dict batch of ``extras``: ``pieces`` holds, per row, its tokens ``block + 1`` long."""
-    block, eos = c["block"], c["eos"]
-    ends = np.array([[eos is not None and int(t) == eos for t in row] for row in pieces], bool)
+def with_extras(windows, after, ends, c) -> dict[str, Any]:
+    """The dict batch of ``extras``: ``ends[r, j]`` says token j of row r (of ``block + 1``)
+    is the last of its document."""
+    block = c["block"]
     batch: dict[str, Any] = {"input_ids": windows, "labels": after}
-    positions = np.zeros((len(pieces), block), np.int64)
-    for r in range(len(pieces)):
+    positions = np.zeros((len(ends), block), np.int64)
+    for r in range(len(ends)):
         for j in range(1, block):
             positions[r, j] = 0 if ends[r, j - 1] else positions[r, j - 1] + 1
     if "position_ids" in c["extras"]:
@@ -258,8 +276,11 @@ def segments_of(shards: list[np.ndarray], c: dict[str, Any]) -> list[tuple[int, 
     pieces = []
     for index, tokens in enumerate(shards):
         cuts = [0, len(tokens)]
-        if c["windows"] == "within" and c["eos"] is not None:
-            cuts[1:1] = [i + 1 for i in np.flatnonzero(tokens == c["eos"]).tolist()]
+        if c["windows"] == "within":
+            inner = set(c.get("recorded", [set()] * len(shards))[index])
+            if c["eos"] is not None:
+                inner |= {i + 1 for i in np.flatnonzero(tokens == c["eos"]).tolist()}
+            cuts[1:1] = sorted(inner - {0, len(tokens)})
         pieces += [(index, a, b - a) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
     return pieces
 
@@ -346,20 +367,30 @@ def windows_in(length: int, block: int, stride: int) -> int:
 
 
 def _model_windows(shards, segments, offsets, c, indices):
-    block, windows, after, pieces = c["block"], [], [], []
+    block, eos, windows, after, ends = c["block"], c["eos"], [], [], []
     for index in indices:
         segment = int(np.searchsorted(offsets, index, side="right")) - 1
         shard, first, _ = segments[segment]
         local = first + (index - int(offsets[segment])) * c["stride"]
         tokens = shards[shard]
         windows.append(tokens[local : local + block])
-        pieces.append(tokens[local : local + block + 1])
+        recorded = c.get("recorded", [set()] * len(shards))[shard]
+        ends.append(
+            [
+                (eos is not None and int(tokens[local + j]) == eos) or local + j + 1 in recorded
+                for j in range(block + 1)
+            ]
+        )
         if c["targets"] == "next":
             after.append(tokens[local + block])
         else:
             after.append(tokens[local + 1 : local + block + 1])
     batch = np.array(windows, dtype=np.int64), np.array(after, dtype=np.int64)
-    return with_extras(*batch, pieces, c) if c["extras"] else batch
+    return (
+        with_extras(*batch, np.array(ends, bool).reshape(-1, block + 1), c)
+        if c["extras"]
+        else batch
+    )
 
 
 def model_length(shards, c) -> int:

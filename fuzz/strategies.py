@@ -21,6 +21,7 @@ from fuzz.model import (
     MEGATRON_DTYPES,
     MEGATRON_MAGIC,
     NPY_MAGIC,
+    DocumentList,
     Rejected,
     ShardList,
     TokenFile,
@@ -346,11 +347,17 @@ def resumable_calls(draw):
 @st.composite
 def document_calls(draw):
     """Valid calls over tokens of a few values, one of them the eos, so that documents start
-    inside most windows: every window policy, stride, target and extra."""
-    tokens = draw(st.lists(st.integers(0, 4), max_size=80))
-    shards = [np.array(tokens, dtype=draw(st.sampled_from(["u1", "i2", "i8"])))]
+    inside most windows (by the eos rule or recorded, ``Corpus.from_documents``, empty ones
+    included): every window policy, stride, target and extra."""
+    dtype = draw(st.sampled_from(["u1", "i2", "i8"]))
     if draw(st.booleans()):
-        shards.append(np.array(draw(st.lists(st.integers(0, 4), max_size=30)), shards[0].dtype))
+        documents = draw(st.lists(st.lists(st.integers(0, 4), max_size=20), min_size=1, max_size=8))
+        corpus = DocumentList([np.array(d, dtype=dtype) for d in documents])
+    else:
+        shards = [np.array(draw(st.lists(st.integers(0, 4), max_size=80)), dtype=dtype)]
+        if draw(st.booleans()):
+            shards.append(np.array(draw(st.lists(st.integers(0, 4), max_size=30)), dtype))
+        corpus = ShardList(shards)
     world_size = draw(st.integers(1, 3))
     kwargs = {
         "block": draw(st.integers(1, 8)),
@@ -368,7 +375,7 @@ def document_calls(draw):
         "prefetch": draw(st.sampled_from([0, 0, 1])),
         "reuse_buffers": draw(st.sampled_from([0, 0, 2])),
     }
-    return ShardList(shards), kwargs
+    return corpus, kwargs
 
 
 @st.composite
