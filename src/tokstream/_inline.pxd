@@ -47,18 +47,15 @@ cdef inline void copy_window(
         next_token[0] = source[block]
 
 
-cdef inline Py_ssize_t segment_of(
-    int64_t window, const int64_t *offsets, const int64_t *bucket_segments, int shift,
-    int probes,
+cdef inline Py_ssize_t segment_in(
+    int64_t window, Py_ssize_t low, Py_ssize_t high, const int64_t *offsets, int probes
 ) noexcept nogil:
-    # The segment j with offsets[j] <= window < offsets[j + 1]: bucket_segments[b] is the
-    # segment of window b << shift, so it lies between the segments of the window's bucket and
-    # the next one's. A binary search among those few, written for conditional moves and run
-    # ``probes`` times (enough for the widest bucket, so its branches are taken alike for every
-    # window, where random windows make a branchy search's a coin flip); a last loop finishes
-    # the search whatever ``probes`` says.
-    cdef Py_ssize_t low = bucket_segments[window >> shift]
-    cdef Py_ssize_t size = bucket_segments[(window >> shift) + 1] - low + 1
+    # The segment j in [low, high] with offsets[j] <= window < offsets[j + 1], given that it
+    # lies there. A binary search written for conditional moves and run ``probes`` times
+    # (enough for the widest bucket, so its branches are taken alike for every window, where
+    # random windows make a branchy search's a coin flip); a last loop finishes the search
+    # whatever ``probes`` says.
+    cdef Py_ssize_t size = high - low + 1
     cdef Py_ssize_t half
     cdef int probe
     for probe in range(probes):
@@ -71,3 +68,16 @@ cdef inline Py_ssize_t segment_of(
         low = low + half if offsets[low + half] <= window else low
         size -= half
     return low
+
+
+cdef inline Py_ssize_t segment_of(
+    int64_t window, const int64_t *offsets, const int64_t *bucket_segments, int shift,
+    int probes,
+) noexcept nogil:
+    # The segment j with offsets[j] <= window < offsets[j + 1]: bucket_segments[b] is the
+    # segment of window b << shift, so it lies between the segments of the window's bucket and
+    # the next one's.
+    return segment_in(
+        window, bucket_segments[window >> shift], bucket_segments[(window >> shift) + 1],
+        offsets, probes,
+    )

@@ -9,7 +9,7 @@ bounds checks off, the debug build (``TOKSTREAM_DEBUG=1`` at build time) with th
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
-from tokstream._inline cimport copy_window, prefetch_window, segment_of
+from tokstream._inline cimport copy_window, prefetch_window, segment_in
 from tokstream._permute cimport LANES, fill_round_keys, permute_group
 from tokstream._types cimport token_t
 
@@ -130,9 +130,18 @@ def gather_segments(
     cdef Py_ssize_t i, low
     cdef int64_t window, start
     with nogil:
+        # Each window's segment in three passes, each of independent loads whose cache misses
+        # overlap: its bucket's first segment, the search among the bucket's, its address.
+        for i in range(count):
+            sources[i] = bucket_segments[windows_index[i] >> shift]
         for i in range(count):
             window = windows_index[i]
-            low = segment_of(window, &offsets[0], &bucket_segments[0], shift, probes)
+            sources[i] = segment_in(
+                window, sources[i], bucket_segments[(window >> shift) + 1], &offsets[0], probes
+            )
+        for i in range(count):
+            window = windows_index[i]
+            low = sources[i]
             start = (window - offsets[low]) * stride
             if TOKSTREAM_DEBUG and not (
                 offsets[low] <= window < offsets[low + 1]
