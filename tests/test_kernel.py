@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import KERNEL_DTYPES
-from tokstream import _windows
+from tokstream import _documents, _windows
 from tokstream._gather import PREFETCH_BYTES, PREFETCH_MAX_WINDOWS, prefetch_distance
 
 
@@ -121,6 +121,31 @@ def test_segment_kernel_gathers_each_window_from_its_own_segment(
     np.testing.assert_array_equal(next_tokens, expected[:, -1])
     kernel(*described, np.empty(40, np.int64), windows, None, targets, prefetch)
     np.testing.assert_array_equal(targets, expected[:, 1:])
+
+
+def test_segment_kernels_read_a_strided_index_and_an_empty_one():
+    # A rank's slice of a materialized order is a strided view: the segment lookup reads it
+    # by its byte stride. No window: nothing is read or written.
+    shards = [np.arange(30), np.arange(100, 112), np.arange(200, 250)]
+    _, offsets, addresses, lengths, buckets = segment_arguments(shards, 6, 1, 2)
+    strided = np.arange(offsets[-1], dtype=np.int64)[::-1].copy()[::3]
+    shard = np.searchsorted(offsets, strided, side="right") - 1
+    described = (shards[0], strided, offsets, addresses, lengths, buckets, 2, 2, 1)
+    windows, next_tokens = np.empty((len(strided), 6), np.int64), np.empty(len(strided), np.int64)
+    _windows.gather_segments(*described, np.empty(len(strided), np.int64), windows, next_tokens)
+    assert (
+        windows[:, 0].tolist()
+        == (np.array([0, 100, 200])[shard] + strided - offsets[shard]).tolist()
+    )
+    shard_starts = np.array([0, 30, 42], np.int64)  # the shards laid end to end
+    starts = np.empty(len(strided), np.int64)
+    _documents.segment_token_starts(strided, offsets, shard_starts, 1, buckets, 2, 2, starts)
+    assert starts.tolist() == (shard_starts[shard] + strided - offsets[shard]).tolist()
+    empty = np.empty(0, np.int64)
+    _windows.gather_segments(
+        *described[:1], empty, *described[2:], empty, np.empty((0, 6), np.int64), empty
+    )
+    _documents.segment_token_starts(empty, offsets, shard_starts, 1, buckets, 2, 2, empty)
 
 
 @pytest.mark.skipif(not _windows.DEBUG_BUILD, reason="release builds run without bounds checks")

@@ -8,7 +8,7 @@ loss mask, in one call. Nothing here validates or allocates; the Python side
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
-from tokstream._inline cimport copy_window, prefetch_window, segment_of
+from tokstream._inline cimport copy_window, find_segments, prefetch_window
 from tokstream._types cimport token_t
 from libc.string cimport memset
 
@@ -264,8 +264,14 @@ def segment_token_starts(
     """
     cdef Py_ssize_t count = windows_index.shape[0], i, low
     cdef int64_t window
+    if count == 0:
+        return
     with nogil:
+        find_segments(
+            <const char *>&windows_index[0], windows_index.strides[0], count, &offsets[0],
+            &bucket_segments[0], shift, probes, &out[0],
+        )
         for i in range(count):
             window = windows_index[i]
-            low = segment_of(window, &offsets[0], &bucket_segments[0], shift, probes)
+            low = out[i]
             out[i] = segment_starts[low] + (window - offsets[low]) * stride

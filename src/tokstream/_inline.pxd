@@ -70,14 +70,24 @@ cdef inline Py_ssize_t segment_in(
     return low
 
 
-cdef inline Py_ssize_t segment_of(
-    int64_t window, const int64_t *offsets, const int64_t *bucket_segments, int shift,
-    int probes,
+cdef inline void find_segments(
+    const char *windows, Py_ssize_t windows_stride, Py_ssize_t count,
+    const int64_t *offsets, const int64_t *bucket_segments, int shift, int probes,
+    int64_t *segments,
 ) noexcept nogil:
-    # The segment j with offsets[j] <= window < offsets[j + 1]: bucket_segments[b] is the
-    # segment of window b << shift, so it lies between the segments of the window's bucket and
-    # the next one's.
-    return segment_in(
-        window, bucket_segments[window >> shift], bucket_segments[(window >> shift) + 1],
-        offsets, probes,
-    )
+    # segments[i] = the segment j with offsets[j] <= w < offsets[j + 1] of window w, the int64
+    # at windows + i * windows_stride (bytes: an index array may be a strided view):
+    # bucket_segments[b] is the segment of window b << shift, so it lies between the segments
+    # of its bucket and the next one's. Two passes over the batch (every bucket, then every
+    # search), each of loads independent of each other, so that their cache misses overlap
+    # where one loop per window would chain them.
+    cdef Py_ssize_t i
+    cdef int64_t window
+    for i in range(count):
+        window = (<const int64_t *>(windows + i * windows_stride))[0]
+        segments[i] = bucket_segments[window >> shift]
+    for i in range(count):
+        window = (<const int64_t *>(windows + i * windows_stride))[0]
+        segments[i] = segment_in(
+            window, segments[i], bucket_segments[(window >> shift) + 1], offsets, probes
+        )

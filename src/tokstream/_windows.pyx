@@ -9,7 +9,7 @@ bounds checks off, the debug build (``TOKSTREAM_DEBUG=1`` at build time) with th
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
-from tokstream._inline cimport copy_window, prefetch_window, segment_in
+from tokstream._inline cimport copy_window, find_segments, prefetch_window
 from tokstream._permute cimport LANES, fill_round_keys, permute_group
 from tokstream._types cimport token_t
 
@@ -129,16 +129,14 @@ def gather_segments(
     cdef bint shifted = targets is not None
     cdef Py_ssize_t i, low
     cdef int64_t window, start
+    if count == 0:
+        return
     with nogil:
-        # Each window's segment in three passes, each of independent loads whose cache misses
-        # overlap: its bucket's first segment, the search among the bucket's, its address.
-        for i in range(count):
-            sources[i] = bucket_segments[windows_index[i] >> shift]
-        for i in range(count):
-            window = windows_index[i]
-            sources[i] = segment_in(
-                window, sources[i], bucket_segments[(window >> shift) + 1], &offsets[0], probes
-            )
+        # Each window's segment, then (a pass of independent loads) its address.
+        find_segments(
+            <const char *>&windows_index[0], windows_index.strides[0], count, &offsets[0],
+            &bucket_segments[0], shift, probes, &sources[0],
+        )
         for i in range(count):
             window = windows_index[i]
             low = sources[i]
