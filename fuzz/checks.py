@@ -287,6 +287,7 @@ def check_token_file(directory, token_file: TokenFile) -> str:
             "epochs": 1,
             "shuffle": True,
             "seed": 1,
+            "recorded": [set()],
         }
         stream = stream_token_source(corpus, 3, 5, seed=1)
         try:

@@ -277,7 +277,7 @@ def segments_of(shards: list[np.ndarray], c: dict[str, Any]) -> list[tuple[int, 
     for index, tokens in enumerate(shards):
         cuts = [0, len(tokens)]
         if c["windows"] == "within":
-            inner = set(c.get("recorded", [set()] * len(shards))[index])
+            inner = set(c["recorded"][index])
             if c["eos"] is not None:
                 inner |= {i + 1 for i in np.flatnonzero(tokens == c["eos"]).tolist()}
             cuts[1:1] = sorted(inner - {0, len(tokens)})
@@ -374,7 +374,7 @@ def _model_windows(shards, segments, offsets, c, indices):
         local = first + (index - int(offsets[segment])) * c["stride"]
         tokens = shards[shard]
         windows.append(tokens[local : local + block])
-        recorded = c.get("recorded", [set()] * len(shards))[shard]
+        recorded = c["recorded"][shard]
         ends.append(
             [
                 (eos is not None and int(tokens[local + j]) == eos) or local + j + 1 in recorded

@@ -300,6 +300,18 @@ def test_the_mixture_kernel_table_is_its_tree():
     assert windows.tolist() == expected.tolist()
 
 
+def kernels_by_tree_and_by_table(weights, sizes, shuffle: bool, seed: int):
+    """Two mixture kernels of the same sources, windows ``0 ..`` laid out one source after the
+    other: one walking the tree per sample, one with a period table."""
+    root, nodes = tokstream.mixture.schedule_tree(weights)
+    firsts = np.cumsum([0, *sizes])[:-1].tolist()
+    sources = [(f, n, *implicit_domain(n)) for f, n in zip(firsts, sizes, strict=True)]
+    return tuple(
+        MixtureWindows(root, nodes, weights, sources, sum(sizes), seed, shuffle, 6, limit)
+        for limit in (0, 2**16)
+    )
+
+
 @pytest.mark.parametrize("weights", [[3, 5, 2], [1, 1], [7, 1, 1, 40], [4, 6]])
 @pytest.mark.parametrize("step", [2, 3, 5, 10, 20, 64, 2**30 + 3, 2**31])
 def test_a_rank_of_several_reads_the_same_windows_from_its_cycle_of_rows(weights, step):
@@ -309,14 +321,8 @@ def test_a_rank_of_several_reads_the_same_windows_from_its_cycle_of_rows(weights
     # tree's path gives the same windows, whatever the first sample and the batch length;
     # steps of 2**31 and more take the per-sample path.
     sizes = [9, 30, 4, 70][: len(weights)]
-    root, nodes = tokstream.mixture.schedule_tree(weights)
-    firsts = np.cumsum([0, *sizes])[:-1].tolist()
-    sources = [(f, n, *implicit_domain(n)) for f, n in zip(firsts, sizes, strict=True)]
     for shuffle in (True, False):
-        tree, table = (
-            MixtureWindows(root, nodes, weights, sources, sum(sizes), 11, shuffle, 6, limit)
-            for limit in (0, 2**16)
-        )
+        tree, table = kernels_by_tree_and_by_table(weights, sizes, shuffle, seed=11)
         for first in (0, 1, 7, 123, 2**40 + 5):
             for count in (1, 9, 130):
                 if first + step * (count - 1) >= 2**63:
@@ -340,13 +346,7 @@ def test_the_mixture_kernel_with_or_without_its_table_writes_the_same_windows(
     weights, sizes, first, step, count, shuffle
 ):
     sizes = sizes[: len(weights)]
-    root, nodes = tokstream.mixture.schedule_tree(weights)
-    firsts = np.cumsum([0, *sizes])[:-1].tolist()
-    sources = [(f, n, *implicit_domain(n)) for f, n in zip(firsts, sizes, strict=True)]
-    made = [
-        MixtureWindows(root, nodes, weights, sources, sum(sizes), 7, shuffle, 6, limit)
-        for limit in (0, 2**16)
-    ]
+    made = kernels_by_tree_and_by_table(weights, sizes, shuffle, seed=7)
     assert [k.period_length for k in made] == [0, sum(weights)]
     by_tree, by_table = np.empty(count, np.int64), np.empty(count, np.int64)
     made[0].fill(by_tree, first, step)
@@ -354,6 +354,7 @@ def test_the_mixture_kernel_with_or_without_its_table_writes_the_same_windows(
     assert by_tree.tolist() == by_table.tolist()
     if not shuffle:
         walked = made[0].schedule(first, step, count)
+        firsts = np.cumsum([0, *sizes])[:-1]
         expected = [firsts[s] + j % sizes[s] for s, j in walked.tolist()]
         assert by_tree.tolist() == expected
 

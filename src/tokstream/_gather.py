@@ -15,9 +15,15 @@ import numpy as np
 from tokstream._advice import advise_windows
 from tokstream._documents import gather_documents, segment_token_starts
 from tokstream._options import StreamOptions
-from tokstream._validate import INT64_MAX
+from tokstream._validate import INT64_MAX, INT64_MIN
 from tokstream._windows import gather_segments, gather_windows
-from tokstream.corpus import Corpus, _cumulative, _read_only, windows_per_segment
+from tokstream.corpus import (
+    Corpus,
+    _cumulative,
+    _read_only,
+    capped_stride,
+    windows_per_segment,
+)
 
 #: The kernel prefetches about this many bytes of window data ahead of the window it copies,
 #: and at most this many windows ahead (see :func:`prefetch_distance`).
@@ -88,9 +94,7 @@ class WindowGather:
             segment_starts, segment_lengths = self._shard_starts, corpus.lengths
         else:
             segment_starts, segment_lengths = document_boundaries[:-1], np.diff(document_boundaries)
-        # Beyond every segment's length a stride changes nothing (one window each), and the
-        # kernels take it as an int64.
-        stride = min(stride, max(int(segment_lengths.max(initial=0)), 1))
+        stride = capped_stride(segment_lengths, stride)
         counts = windows_per_segment(segment_lengths, block, stride)
         kept = np.flatnonzero(counts)
         self._segment_starts = _read_only(segment_starts[kept].copy())
@@ -277,7 +281,7 @@ def window_space(corpus: Corpus, options: StreamOptions) -> WindowGather:
         # Token ids are int64 values whatever the dtype (uint64 ones past 2**63 - 1 are refused
         # when the corpus is made), so an eos outside both ranges could never end a document.
         info = np.iinfo(corpus.dtype)
-        low, high = max(int(info.min), -(2**63)), min(int(info.max), INT64_MAX)
+        low, high = max(int(info.min), INT64_MIN), min(int(info.max), INT64_MAX)
         if not low <= options.eos <= high:
             raise ValueError(
                 f"eos must be a token id of the corpus dtype {corpus.dtype} "

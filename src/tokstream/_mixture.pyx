@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from tokstream._permute cimport (
-    LANES, encrypt, encrypt_lanes, fill_round_keys, permute_group, walk,
+    LANES, encrypt, encrypt_lanes, fill_round_keys, one_permutation, permute_group, walk,
 )
 
 cdef extern from "_portable.h":
@@ -175,6 +175,17 @@ cdef inline void _source_samples(
         out[3 * i + 2] = <int64_t>local
 
 
+cdef inline void _epoch_keys(
+    uint64_t seed, Py_ssize_t source, uint64_t epoch, uint64_t *keys, Py_ssize_t rounds,
+    int64_t *key_epoch,
+) noexcept nogil:
+    # keys = the round keys of the source's epoch, unless they are already (key_epoch[0] says
+    # whose they are): once per source-epoch.
+    if key_epoch[0] != <int64_t>epoch:
+        key_epoch[0] = <int64_t>epoch
+        fill_round_keys(seed, <uint64_t>source + 1, epoch, keys, rounds)
+
+
 cdef inline void _permute_samples(
     int64_t *windows,
     const int64_t *samples,
@@ -212,12 +223,10 @@ cdef inline void _permute_samples(
             if not ready:
                 # One at a time, in order: a lane may move its source to the next epoch, whose
                 # keys replace the ones an earlier lane used (once per source-epoch).
-                if key_epochs[source] != samples[3 * (i + lane) + 1]:
-                    key_epochs[source] = samples[3 * (i + lane) + 1]
-                    fill_round_keys(
-                        seed, <uint64_t>source + 1, <uint64_t>key_epochs[source],
-                        keys + source * rounds, rounds,
-                    )
+                _epoch_keys(
+                    seed, source, <uint64_t>samples[3 * (i + lane) + 1], keys + source * rounds,
+                    rounds, &key_epochs[source],
+                )
                 positions[lane] = encrypt(
                     positions[lane], lane_keys[lane], rounds, lane_low_bits[lane],
                     lane_sizes[lane],
@@ -275,18 +284,16 @@ cdef inline int _source_windows(
         entry += 1
         if entry == high:
             entry = low
-    for lane in range(LANES):
-        lane_keys[lane] = keys
-        lane_low_bits[lane] = <int>source[2]
-        lane_sizes[lane] = <uint64_t>source[3]
+    one_permutation(
+        keys, <int>source[2], <uint64_t>source[3], lane_keys, lane_low_bits, lane_sizes
+    )
     # Then eight at a time, a group never spanning two epochs of the source.
     while i < taken:
         if <uint64_t>(samples[2 * i] - epoch_start) >= n:
             epoch = _divide(<uint64_t>samples[2 * i], count_divisor, <uint64_t>source[4])
             epoch_start = <int64_t>(epoch * n)
-            if shuffle and key_epoch[0] != <int64_t>epoch:
-                key_epoch[0] = <int64_t>epoch
-                fill_round_keys(seed, <uint64_t>s + 1, epoch, keys, rounds)
+            if shuffle:
+                _epoch_keys(seed, s, epoch, keys, rounds, key_epoch)
         # Local indices ascend: the group ends before the first of the next epoch.
         lanes = min(LANES, taken - i)
         while lanes > 1 and <uint64_t>(samples[2 * (i + lanes - 1)] - epoch_start) >= n:
@@ -659,19 +666,18 @@ cdef class MixtureWindows:
                 periods = k // weight
                 place = k - periods * weight
                 base = (periods - first_period) * period_size - first_row
+                one_permutation(
+                    keys + s * rounds, <int>sources[s, 2], <uint64_t>sources[s, 3], lane_keys,
+                    lane_low_bits, lane_sizes,
+                )
                 while k < spans[1, s]:
                     epoch = _divide(<uint64_t>k, self.count_divisors[s], <uint64_t>sources[s, 4])
                     local = <uint64_t>k - epoch * n
                     run = min(<uint64_t>(spans[1, s] - k), n - local)
-                    if self.shuffle and self.key_epochs[s] != <int64_t>epoch:
-                        self.key_epochs[s] = <int64_t>epoch
-                        fill_round_keys(
-                            self.seed, <uint64_t>s + 1, epoch, keys + s * rounds, rounds
+                    if self.shuffle:
+                        _epoch_keys(
+                            self.seed, s, epoch, keys + s * rounds, rounds, &self.key_epochs[s]
                         )
-                    for lane in range(LANES):
-                        lane_keys[lane] = keys + s * rounds
-                        lane_low_bits[lane] = <int>sources[s, 2]
-                        lane_sizes[lane] = <uint64_t>sources[s, 3]
                     i = 0
                     while i < <Py_ssize_t>run:
                         lanes = min(LANES, <Py_ssize_t>run - i)

@@ -81,6 +81,22 @@ cdef inline uint64_t walk(
 
 
 
+cdef inline void one_permutation(
+    const uint64_t *keys,
+    int low_bits,
+    uint64_t high_size,
+    const uint64_t **lane_keys,
+    int *lane_low_bits,
+    uint64_t *lane_sizes,
+) noexcept nogil:
+    # Every one of the LANES lanes given the same keys and domain, as permute_group reads them.
+    cdef Py_ssize_t lane
+    for lane in range(LANES):
+        lane_keys[lane] = keys
+        lane_low_bits[lane] = low_bits
+        lane_sizes[lane] = high_size
+
+
 cdef inline void permute_group(
     uint64_t *values,
     Py_ssize_t lanes,

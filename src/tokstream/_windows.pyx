@@ -10,7 +10,7 @@ cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from tokstream._inline cimport copy_window, find_segments, prefetch_window
-from tokstream._permute cimport LANES, fill_round_keys, permute_group
+from tokstream._permute cimport LANES, fill_round_keys, one_permutation, permute_group
 from tokstream._types cimport token_t
 
 cdef extern from *:
@@ -188,10 +188,10 @@ def permuted_positions(
     cdef int lane_low_bits[LANES]
     cdef uint64_t lane_sizes[LANES]
     with nogil:
-        for lane in range(LANES):
-            lane_keys[lane] = &keys[0] if rounds > 0 else NULL
-            lane_low_bits[lane] = low_bits
-            lane_sizes[lane] = <uint64_t>high_size
+        one_permutation(
+            &keys[0] if rounds > 0 else NULL, low_bits, <uint64_t>high_size, lane_keys,
+            lane_low_bits, lane_sizes,
+        )
         while i < count:
             lanes = min(LANES, count - i)
             for lane in range(lanes):

@@ -287,12 +287,16 @@ class Corpus:
         return advised
 
 
+def capped_stride(lengths: np.ndarray, stride: int) -> int:
+    """``stride``, at most the longest of ``lengths``: beyond it a stride changes nothing (at
+    most one window a segment), and so even one beyond int64 fits the kernels."""
+    return min(stride, max(int(lengths.max(initial=0)), 1))
+
+
 def windows_per_segment(lengths: np.ndarray, block: int, stride: int) -> np.ndarray:
     """Windows of ``block + 1`` tokens, one every ``stride`` tokens, in segments of ``lengths``."""
-    # A block longer than every segment (even one beyond int64) leaves no windows at all; a
-    # stride as long as every segment (or beyond int64) leaves at most one in each.
-    longest = int(lengths.max(initial=0))
-    block, stride = min(block, longest), min(stride, max(longest, 1))
+    # A block longer than every segment (even one beyond int64) leaves no windows at all.
+    block, stride = min(block, int(lengths.max(initial=0))), capped_stride(lengths, stride)
     room = lengths - block - 1
     return np.where(room >= 0, room // stride + 1, 0).astype(np.int64)
 
