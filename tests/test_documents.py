@@ -453,6 +453,26 @@ def test_document_pieces_counts_every_piece_and_never_writes_past_its_buffer():
     assert document_pieces(scribbled, np.empty(3, np.int32))[0] >= 9
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_document_pieces_match_the_zeros_of_the_position_ids(seed):
+    # Valid position ids (a ramp restarting at random columns): the pieces start at every 0.
+    rng = np.random.default_rng(seed)
+    rows, block = int(rng.integers(1, 9)), int(rng.integers(1, 40))
+    restarts = rng.random((rows, block)) < rng.choice([0.0, 0.05, 0.5, 1.0])
+    restarts[:, 0] = True
+    columns = np.broadcast_to(np.arange(block), (rows, block))
+    last_restart = np.maximum.accumulate(np.where(restarts, columns, 0), axis=1)
+    positions = np.ascontiguousarray(columns - last_restart)
+    flat_starts = np.flatnonzero(positions.ravel() == 0)
+    lengths = np.diff(np.append(flat_starts, positions.size))
+    for capacity in (0, len(flat_starts) // 2, len(flat_starts)):
+        starts = np.full(capacity + 1, -1, np.int32)
+        found = document_pieces(positions, starts[:capacity])
+        assert found == (len(flat_starts), int(lengths.max()))
+        assert starts[:capacity].tolist() == flat_starts[:capacity].tolist()
+        assert starts[capacity] == -1
+
+
 @pytest.mark.parametrize("length", [1, 2, 7, 100, 4097])
 @pytest.mark.parametrize("num_starts", [0, 1, 3, 50, 1000])
 def test_document_buckets_bound_the_first_start_after_every_token(length, num_starts):

@@ -194,6 +194,13 @@ def gather_documents(
                     out[j] = position
 
 
+cdef inline Py_ssize_t _piece_start(const int64_t *row, Py_ssize_t j) noexcept nogil:
+    # The first column of the piece that column j ends: j - row[j], for the position ids the
+    # kernel wrote; any other value gives j (a piece of one), so the walk stays in the row.
+    cdef int64_t position = row[j]
+    return j - position if 0 <= position <= j else j
+
+
 def document_pieces(const int64_t[:, ::1] position_ids, int32_t[::1] piece_starts):
     """document_pieces(const int64_t[:, ::1] position_ids, int32_t[::1] piece_starts) -> tuple
 
@@ -202,39 +209,39 @@ def document_pieces(const int64_t[:, ::1] position_ids, int32_t[::1] piece_start
     indices, into ``piece_starts``; return ``(count, longest piece)``. Pass an empty
     ``piece_starts`` to count.
 
-    Within a piece starting at column ``a``, ``position_ids[r, j] == j - a``; after it the
-    position is smaller. So a row whose last position is ``block - 1`` is one piece, and
-    otherwise the next start is found by a binary search: O(pieces * log block), not a scan of
-    every position. Every index stays inside the row and inside ``piece_starts`` whatever the
-    values are (a caller that overwrote the array gets wrong pieces, never a bad access).
+    Within a piece starting at column ``a``, ``position_ids[r, j] == j - a``: the last column
+    of a piece names its start. So each row is walked from its end, piece by piece, one read
+    per piece (a row of one document is one read), and no search. Every index stays inside the
+    row and inside ``piece_starts`` whatever the values are (a caller that overwrote the array
+    gets wrong pieces, never a bad access).
     """
     cdef Py_ssize_t rows = position_ids.shape[0], block = position_ids.shape[1]
     cdef Py_ssize_t capacity = piece_starts.shape[0]
-    cdef Py_ssize_t found = 0, longest = 0, r, piece, low, high, middle
+    cdef Py_ssize_t found = 0, longest = 0, r, j, first, count, slot
+    cdef const int64_t *row
+    if block == 0:
+        return 0, 0
     with nogil:
         for r in range(rows):
-            if block > 0 and position_ids[r, block - 1] == block - 1:
-                # The common row of long documents: one piece, no search.
-                if found < capacity:
-                    piece_starts[found] = <int32_t>(r * block)
-                found += 1
-                longest = block
-                continue
-            piece = 0
-            while piece < block:
-                if found < capacity:
-                    piece_starts[found] = <int32_t>(r * block + piece)
-                found += 1
-                # The first column after ``piece`` that does not continue it (block if none).
-                low, high = piece + 1, block
-                while low < high:
-                    middle = (low + high) >> 1
-                    if position_ids[r, middle] == middle - piece:
-                        low = middle + 1
-                    else:
-                        high = middle
-                longest = max(longest, low - piece)
-                piece = low
+            row = &position_ids[r, 0]
+            # The row's pieces, counted from its end.
+            count = 0
+            j = block - 1
+            while j >= 0:
+                first = _piece_start(row, j)
+                longest = max(longest, j - first + 1)
+                count += 1
+                j = first - 1
+            # Walked again, each start written in its slot, the last piece's first.
+            slot = found + count
+            j = block - 1
+            while j >= 0 and found < capacity:
+                first = _piece_start(row, j)
+                slot -= 1
+                if slot < capacity:
+                    piece_starts[slot] = <int32_t>(r * block + first)
+                j = first - 1
+            found += count
     return found, longest
 
 
