@@ -7,8 +7,9 @@ streams with rounds alternating: the plain stream, the stream with every extra, 
 the plain stream plus, per batch, a ``(b, block)`` int64 array set to ``0, 1, 2, ...`` in every
 row and a bool array set to ones, the memory the position ids and the loss mask take, with no
 document logic and no ``cu_seqlens`` (one buffer each, reused: no allocation, no page fault;
-the rows copied from a ramp, NumPy's fastest write). Printed: us a batch (median of the rounds) and the rate of each
-against the plain stream's. No stream with int64 position ids can beat the floor's ratio.
+the rows copied from a ramp, NumPy's fastest write). Printed: us a batch (median of the
+rounds) and the rate of each against the plain stream's. No stream with int64 position ids
+can beat the floor's ratio.
 """
 
 from __future__ import annotations
