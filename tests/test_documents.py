@@ -286,6 +286,26 @@ def test_eos_placements_give_the_oracles_batches(tokens, windows, targets, strid
     assert_same_batches(list(stream), expected_batches(shards, 2, 3, extras=ALL_EXTRAS, **run))
 
 
+@pytest.mark.parametrize("targets", ["next", "shifted"])
+@pytest.mark.parametrize("seed", range(16))
+def test_eos_in_long_windows_gives_the_oracles_batches(seed, targets):
+    # Windows wider than the kernel's sixteen-token eos scan, eos anywhere in them (inside a
+    # run of sixteen, at its edges, several in one), with and without recorded documents.
+    rng = np.random.default_rng(seed)
+    dtype = ["uint8", "uint16", "int32", "int64", "uint64"][seed % 5]
+    tokens = rng.integers(0, 9, 600).astype(dtype)
+    tokens[rng.random(600) < [0.0, 0.004, 0.03, 0.2][seed % 4]] = 9
+    cuts = np.sort(rng.integers(0, 600, int(rng.integers(0, 12))))
+    boundaries = np.concatenate([[0], cuts, [600]]).astype(np.int64) if seed % 3 else None
+    shards = [Shard(tokens, boundaries)]
+    block = [16, 17, 31, 64, 100][seed % 5]
+    run = {"eos": 9, "targets": targets, "windows": ["cross", "within"][seed % 2]}
+    stream = stream_token_source(
+        corpus_of(shards), block, 7, shuffle=False, extras=ALL_EXTRAS, **run
+    )
+    assert_same_batches(list(stream), expected_batches(shards, block, 7, extras=ALL_EXTRAS, **run))
+
+
 def test_eos_and_recorded_documents_together_break_at_both():
     documents = [np.array([1, 2, 9, 3, 4], np.int32), np.array([5, 6, 7, 8], np.int32)]
     corpus = Corpus.from_documents(documents)

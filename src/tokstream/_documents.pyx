@@ -45,6 +45,25 @@ cdef inline void _ramp(int64_t *out, Py_ssize_t length) noexcept nogil:
         out[j] = j
 
 
+cdef inline Py_ssize_t _first_equal(
+    const int64_t *values, Py_ssize_t low, Py_ssize_t high, int64_t value
+) noexcept nogil:
+    # The first j in [low, high) with values[j] == value, else high: sixteen compared at a time
+    # (a loop the compiler vectorises), as documents are long and an eos in a row rare.
+    cdef Py_ssize_t j = low, k
+    cdef bint hit
+    while j + 16 <= high:
+        hit = False
+        for k in range(16):
+            hit |= values[j + k] == value
+        if hit:
+            break
+        j += 16
+    while j < high and values[j] != value:
+        j += 1
+    return j
+
+
 # Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
 @cython.embedsignature(False)
 def gather_documents(
@@ -100,11 +119,10 @@ def gather_documents(
     cdef bint shifted = targets is not None
     cdef bint indirect = rows is not None
     cdef bint per_label = label_continues.shape[1] == block
-    cdef Py_ssize_t i, j, row, next_document, piece, end, next_piece
-    cdef int64_t start, next_start, position, checked = 0
+    cdef Py_ssize_t i, row, next_document, piece, end, next_piece, limit, found
+    cdef int64_t start, checked = 0
     cdef int64_t *out
     cdef uint8_t *continues
-    cdef bint breaks
     with nogil:
         for i in range(count):
             # The index of the first document start after the window's first token.
@@ -132,66 +150,53 @@ def gather_documents(
                 NULL if shifted else &next_tokens[row],
             )
         for i in range(count):
+            # The row's pieces, each a run of 0, 1, 2, ... ended by the first break after it.
             start = starts[i]
             row = rows[i] if indirect else i
             out = &position_ids[row, 0]
             continues = &label_continues[row, 0]
             next_document = first_after[i]
-            if per_label:
-                memset(continues, 1, block)
-            else:
+            if not per_label:
                 continues[0] = 1
-            if not use_eos:
-                # Only recorded starts break the row: runs of 0, 1, 2, ... between them.
-                piece = 0
-                while True:
-                    next_piece = (
-                        document_starts[next_document] - start
-                        if next_document < num_documents else block + 1
-                    )
-                    end = next_piece if next_piece < block else block
-                    _ramp(out + piece, end - piece)
-                    if next_piece > block:
-                        break
-                    # A document starts at token start + next_piece, 0 < next_piece <= block.
-                    if per_label:
-                        continues[next_piece - 1] = 0
-                    elif next_piece == block:
-                        continues[0] = 0
-                    # Empty documents repeat a start: step past every copy of this one.
-                    while (
-                        next_document < num_documents
-                        and document_starts[next_document] == start + next_piece
-                    ):
-                        next_document += 1
-                    if next_piece == block:
-                        break
-                    piece = next_piece
-                continue
-            next_start = document_starts[next_document] if next_document < num_documents else -1
-            position = 0
-            out[0] = 0
-            for j in range(1, block + 1):
-                # Token start + j - 1, as the first loop copied it into the row.
-                breaks = windows[row, j - 1] == eos
-                if next_start == start + j:
-                    breaks = True
-                    while (
-                        next_document < num_documents
-                        and document_starts[next_document] == next_start
-                    ):
-                        next_document += 1
-                    next_start = (
-                        document_starts[next_document] if next_document < num_documents else -1
-                    )
-                if breaks:
-                    if per_label:
-                        continues[j - 1] = 0
-                    elif j == block:
-                        continues[0] = 0
-                if j < block:
-                    position = 0 if breaks else position + 1
-                    out[j] = position
+            piece = 0
+            while True:
+                # The next column a document starts at (0 < next_piece <= block; block + 1:
+                # none): the recorded start, or the token after an eos if that comes first.
+                next_piece = (
+                    document_starts[next_document] - start
+                    if next_document < num_documents else block + 1
+                )
+                if use_eos:
+                    # An eos at column j starts a document at j + 1: searched for in the
+                    # copied row, still cached where the corpus' lines went by with the copies,
+                    # up to the column where the recorded start would break the row anyway.
+                    limit = next_piece - 1 if next_piece <= block else block
+                    found = _first_equal(&windows[row, 0], piece, limit, eos)
+                    if found < limit:
+                        next_piece = found + 1
+                end = next_piece if next_piece < block else block
+                if TOKSTREAM_DEBUG and not piece < end <= block:
+                    with gil:
+                        raise IndexError(f"piece [{piece}, {end}) of row {row} is not in it")
+                _ramp(out + piece, end - piece)
+                if per_label:
+                    memset(continues + piece, 1, end - piece)
+                if next_piece > block:
+                    break
+                # A document starts at token start + next_piece.
+                if per_label:
+                    continues[next_piece - 1] = 0
+                elif next_piece == block:
+                    continues[0] = 0
+                # Empty documents repeat a start: step past every copy of this one.
+                while (
+                    next_document < num_documents
+                    and document_starts[next_document] == start + next_piece
+                ):
+                    next_document += 1
+                if next_piece == block:
+                    break
+                piece = next_piece
 
 
 cdef inline Py_ssize_t _piece_start(const int64_t *row, Py_ssize_t j) noexcept nogil:
