@@ -9,6 +9,9 @@ documents of seeded exponential lengths (mean ``MEAN_DOCUMENT`` tokens) with
 
 - ``extras``: ``extras=("position_ids", "loss_mask", "cu_seqlens")`` against the plain gather
   (target: at most 1.3x the time, i.e. a rate ratio of at least 0.77);
+- ``eos``: the same, with the documents told by ``eos=EOS`` alone, on the same tokens with each
+  document's last token set to ``EOS`` and no recorded boundaries (nanoGPT's and llm.c's
+  files);
 - ``within``: ``windows="within"`` against ``windows="cross"`` (target: as fast);
 - ``strided``: ``stride=block`` against ``stride=1`` (target: as fast).
 
@@ -33,23 +36,39 @@ SHAPES = [(1024, 64), (128, 512)]
 DTYPES = ["uint16", "int64"]
 MEAN_DOCUMENT = 2000
 EXTRAS = ("position_ids", "loss_mask", "cu_seqlens")
+#: GPT-2's end-of-text token, closing each document of the ``eos`` comparison's corpus.
+EOS = 50256
 
 #: Each comparison: (name, the feature's options, the baseline's options, target ratio).
 COMPARISONS: list[tuple[str, dict[str, Any], dict[str, Any], float]] = [
     ("extras", {"extras": EXTRAS}, {}, 1 / 1.3),
+    ("eos", {"extras": EXTRAS, "eos": EOS}, {}, 1 / 1.3),
     ("within", {"windows": "within"}, {"windows": "cross"}, 1.0),
     ("strided", {"stride": "block"}, {"stride": 1}, 1.0),
 ]
 
 
-def documents_corpus(num_tokens: int, dtype: str, seed: int = 0) -> Corpus:
-    """The benchmark corpus as documents of exponential lengths (some empty)."""
+def documents_corpus(num_tokens: int, dtype: str, seed: int = 0, eos: bool = False) -> Corpus:
+    """The benchmark corpus as documents of exponential lengths (some empty): recorded, or
+    (``eos``) one array whose documents each end with :data:`EOS`."""
     ids = bench.synthetic_corpus(num_tokens, dtype, seed)
     rng = np.random.default_rng(seed + 1)
     lengths = rng.exponential(MEAN_DOCUMENT, 2 * num_tokens // MEAN_DOCUMENT + 16).astype(int)
     cuts = np.cumsum(lengths)
     cuts = cuts[cuts < num_tokens]
+    if eos:
+        ids = ids.copy()
+        ids[cuts[cuts > 0] - 1] = EOS
+        return Corpus([ids])
     return Corpus.from_documents(np.split(ids, cuts))
+
+
+def corpus_for(feature: dict[str, Any], dtype: str, num_tokens: int, cache: dict) -> Corpus:
+    """The corpus a comparison runs on (its documents told by ``eos`` or recorded), made once."""
+    key = (dtype, "eos" in feature)
+    if key not in cache:
+        cache[key] = documents_corpus(num_tokens, dtype, eos=key[1])
+    return cache[key]
 
 
 def make_stream(corpus: Corpus, block: int, batch_size: int, **options: Any) -> Iterator[Any]:
@@ -108,10 +127,11 @@ def main(argv: list[str] | None = None) -> None:
         f"{'dtype':6} {'block':>5} {'batch':>5} {'what':8} {'feature':>9} {'base':>9} "
         f"{'ratio':>6} {'target':>7}"
     )
+    corpora: dict = {}
     for dtype in DTYPES:
-        corpus = documents_corpus(args.tokens, dtype)
         for block, batch_size in SHAPES:
             for name, feature, base, target in COMPARISONS:
+                corpus = corpus_for(feature, dtype, args.tokens, corpora)
                 with_feature, without = measure(
                     corpus, block, batch_size, [feature, base], args.rounds, args.batches
                 )

@@ -1,12 +1,13 @@
 """Strides, documents and the batch extras against the plain gather (pytest-benchmark).
 
 One group per (corpus dtype, shape, comparison), the feature and its baseline side by side:
-``extras`` (target: at most 1.3x the plain gather's time), ``within`` against ``cross`` windows
-and ``stride=block`` against ``stride=1`` (targets: as fast). The corpus is BENCHMARKS.md's,
-cut into documents (``documents_ratios.documents_corpus``); every stream is shuffled with the
-implicit permutation and yields shifted targets, so only the feature differs. Before timing,
-each side's first batch is checked for its shape and dtype. For ratios
-measured in one process, run ``python benchmarks/documents_ratios.py``.
+``extras`` and ``eos`` (targets: at most 1.3x the plain gather's time), ``within`` against
+``cross`` windows and ``stride=block`` against ``stride=1`` (targets: as fast). The corpus is
+BENCHMARKS.md's, cut into documents (``documents_ratios.documents_corpus``: recorded, or ended
+by an eos token for ``eos``); every stream is shuffled with the implicit permutation and
+yields shifted targets, so only the feature differs. Before timing, each side's first batch is
+checked for its shape and dtype. For ratios measured in one process, run
+``python benchmarks/documents_ratios.py``.
 """
 
 from __future__ import annotations
@@ -14,15 +15,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.documents_ratios import COMPARISONS, DTYPES, SHAPES, documents_corpus, make_stream
+from benchmarks.documents_ratios import COMPARISONS, DTYPES, SHAPES, corpus_for, make_stream
 
-_corpora: dict[str, object] = {}
-
-
-def _corpus(dtype: str, num_tokens: int):
-    if dtype not in _corpora:
-        _corpora[dtype] = documents_corpus(num_tokens, dtype)
-    return _corpora[dtype]
+_corpora: dict = {}
 
 
 @pytest.mark.parametrize("side", ["feature", "base"])
@@ -32,7 +27,7 @@ def _corpus(dtype: str, num_tokens: int):
 def test_documents_throughput(benchmark, settings, dtype, shape, comparison, side) -> None:
     name, feature, base, _target = comparison
     block, batch_size = shape
-    corpus = _corpus(dtype, settings.num_tokens)
+    corpus = corpus_for(feature, dtype, settings.num_tokens, _corpora)
     options = dict(feature if side == "feature" else base)
     benchmark.group = f"{dtype} block={block} batch={batch_size} {name}"
     stream = make_stream(corpus, block, batch_size, **options)

@@ -306,6 +306,21 @@ def test_eos_in_long_windows_gives_the_oracles_batches(seed, targets):
     assert_same_batches(list(stream), expected_batches(shards, block, 7, extras=ALL_EXTRAS, **run))
 
 
+@pytest.mark.parametrize("targets", ["next", "shifted"])
+def test_an_eos_past_32_bits_is_told_from_ids_that_share_half_of_it(targets):
+    # The kernel's eos scan compares 32-bit halves: ids equal to eos in one half only must not
+    # end a document, and eos itself must.
+    eos = 2**33 + 7
+    rng = np.random.default_rng(3)
+    tokens = rng.choice(np.array([7, 2**34 + 7, 2**33, eos, 5]), 500, p=[0.3, 0.3, 0.3, 0.02, 0.08])
+    shards = [Shard(tokens.astype(np.int64))]
+    run = {"eos": eos, "targets": targets}
+    stream = stream_token_source(shards[0].tokens, 40, 9, shuffle=False, extras=ALL_EXTRAS, **run)
+    expected = expected_batches(shards, 40, 9, extras=ALL_EXTRAS, **run)
+    assert any((batch["position_ids"][:, 1:] == 0).any() for batch in expected)
+    assert_same_batches(list(stream), expected)
+
+
 def test_eos_and_recorded_documents_together_break_at_both():
     documents = [np.array([1, 2, 9, 3, 4], np.int32), np.array([5, 6, 7, 8], np.int32)]
     corpus = Corpus.from_documents(documents)

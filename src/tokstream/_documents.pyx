@@ -12,6 +12,11 @@ from tokstream._inline cimport copy_window, find_segments, prefetch_window
 from tokstream._types cimport token_t
 from libc.string cimport memset
 
+cdef extern from "_portable.h":
+    int64_t tokstream_first_equal64(
+        const int64_t *values, int64_t low, int64_t high, int64_t value
+    ) noexcept nogil
+
 cdef extern from *:
     """
     #ifndef TOKSTREAM_DEBUG
@@ -43,25 +48,6 @@ cdef inline void _ramp(int64_t *out, Py_ssize_t length) noexcept nogil:
     cdef Py_ssize_t j
     for j in range(length):
         out[j] = j
-
-
-cdef inline Py_ssize_t _first_equal(
-    const int64_t *values, Py_ssize_t low, Py_ssize_t high, int64_t value
-) noexcept nogil:
-    # The first j in [low, high) with values[j] == value, else high: sixteen compared at a time
-    # (a loop the compiler vectorises), as documents are long and an eos in a row rare.
-    cdef Py_ssize_t j = low, k
-    cdef bint hit
-    while j + 16 <= high:
-        hit = False
-        for k in range(16):
-            hit |= values[j + k] == value
-        if hit:
-            break
-        j += 16
-    while j < high and values[j] != value:
-        j += 1
-    return j
 
 
 # Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
@@ -171,7 +157,7 @@ def gather_documents(
                     # copied row, still cached where the corpus' lines went by with the copies,
                     # up to the column where the recorded start would break the row anyway.
                     limit = next_piece - 1 if next_piece <= block else block
-                    found = _first_equal(&windows[row, 0], piece, limit, eos)
+                    found = tokstream_first_equal64(&windows[row, 0], piece, limit, eos)
                     if found < limit:
                         next_piece = found + 1
                 end = next_piece if next_piece < block else block

@@ -11,6 +11,11 @@
 #include <intrin.h>
 #endif
 
+#if defined(__SSE2__) || defined(_M_X64)
+#define TOKSTREAM_SSE2 1
+#include <emmintrin.h>
+#endif
+
 /* Ask the CPU to start loading the cache line at p; no effect on the program's meaning. */
 #if defined(__GNUC__) || defined(__clang__)
 #define TOKSTREAM_PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 0)
@@ -43,6 +48,35 @@ TOKSTREAM_INLINE uint64_t tokstream_mulhi64(uint64_t a, uint64_t b) {
     uint64_t middle = (lo_lo >> 32) + (hi_lo & 0xFFFFFFFFu) + lo_hi;
     return hi_hi + (hi_lo >> 32) + (middle >> 32);
 #endif
+}
+
+/* The first j in [low, high) with values[j] == value, else high. With SSE2 (every x86-64) eight
+ * values are compared a step: SSE2 compares 32-bit lanes, and a 64-bit value is equal when both
+ * of its halves are (the lanes ANDed with their neighbours). Compilers do not vectorise a
+ * 64-bit equality search themselves for baseline x86-64. */
+TOKSTREAM_INLINE int64_t tokstream_first_equal64(const int64_t *values, int64_t low, int64_t high,
+                                                 int64_t value) {
+    int64_t j = low;
+#if defined(TOKSTREAM_SSE2)
+    const __m128i wanted = _mm_set1_epi64x(value);
+    while (j + 8 <= high) {
+        __m128i any = _mm_setzero_si128();
+        int k;
+        for (k = 0; k < 8; k += 2) {
+            __m128i halves = _mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(values + j + k)),
+                                             wanted);
+            any = _mm_or_si128(any, _mm_and_si128(halves, _mm_shuffle_epi32(halves, 0xB1)));
+        }
+        if (_mm_movemask_epi8(any)) {
+            break;
+        }
+        j += 8;
+    }
+#endif
+    while (j < high && values[j] != value) {
+        j++;
+    }
+    return j;
 }
 
 #endif
