@@ -67,6 +67,23 @@ def test_the_pool_keeps_at_most_its_capacity_of_buffer_sets():
     assert pool._sets == []
 
 
+@pytest.mark.parametrize(
+    ("extras", "made"),
+    [
+        ((), set()),
+        (("loss_mask",), {"label_continues"}),
+        (("position_ids",), {"position_ids"}),
+        (("cu_seqlens",), {"position_ids"}),  # cu_seqlens is read from the position ids
+        (EXTRAS, {"position_ids", "label_continues"}),
+    ],
+)
+def test_a_batch_has_buffers_only_for_the_extras_it_asked_for(extras, made):
+    # What is not asked for is neither allocated nor written (512 KiB of position ids for a
+    # 64 x 1024 batch that only wants its loss mask).
+    buffers = _batch.new_buffers(StreamOptions.create(4, 3, extras=extras), 3)
+    assert set(buffers) == {"input_ids", "labels"} | made
+
+
 def test_a_caller_reshaping_its_batch_leaves_the_stream_working():
     ids = np.arange(300)
     for reuse_buffers in (0, 1):

@@ -25,7 +25,7 @@ import numpy as np
 
 from tokstream._documents import document_pieces
 from tokstream._gather import WindowGather
-from tokstream._options import DOCUMENT_EXTRAS, StreamOptions
+from tokstream._options import StreamOptions
 
 Batch = Any  # tuple[np.ndarray, np.ndarray] | dict[str, Any]
 
@@ -40,9 +40,11 @@ def new_buffers(options: StreamOptions, rows: int) -> dict[str, np.ndarray]:
         "input_ids": np.empty((rows, block), np.int64),
         "labels": np.empty((rows,) if options.targets == "next" else (rows, block), np.int64),
     }
-    if set(options.extras).intersection(DOCUMENT_EXTRAS):
+    if {"position_ids", "cu_seqlens"}.intersection(options.extras):
+        # cu_seqlens is read from the position ids.
         buffers["position_ids"] = np.empty((rows, block), np.int64)
-        # The loss mask, filled by the document kernel: one flag per label.
+    if "loss_mask" in options.extras:
+        # Filled by the document kernel: one flag per label.
         width = 1 if options.targets == "next" else block
         buffers["label_continues"] = np.empty((rows, width), np.uint8)
     if "source" in options.extras:

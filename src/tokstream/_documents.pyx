@@ -85,7 +85,8 @@ def gather_documents(
     document start and one more than the token before elsewhere. ``label_continues`` is
     ``(b, block)`` for shifted targets (``[r, j]`` is 0 when token ``starts[i] + j + 1`` starts a
     document) or ``(b, 1)`` for next tokens (``[r, 0]`` is 0 when token ``starts[i] + block``
-    does): the loss mask.
+    does): the loss mask. Either may be None, and is then not written (what the batch did not
+    ask for costs nothing).
 
     ``document_buckets[k]`` counts the document starts ``<= k << bucket_shift`` (see
     :func:`tokstream._gather._document_buckets`), so the first start after a window's is
@@ -104,7 +105,9 @@ def gather_documents(
     cdef Py_ssize_t num_documents = document_starts.shape[0]
     cdef bint shifted = targets is not None
     cdef bint indirect = rows is not None
-    cdef bint per_label = label_continues.shape[1] == block
+    cdef bint write_positions = position_ids is not None
+    cdef bint write_mask = label_continues is not None
+    cdef bint per_label = write_mask and label_continues.shape[1] == block
     cdef Py_ssize_t i, row, next_document, piece, end, next_piece, limit, found
     cdef int64_t start, checked = 0
     cdef int64_t *out
@@ -127,7 +130,9 @@ def gather_documents(
             start = starts[i]
             row = rows[i] if indirect else i
             if TOKSTREAM_DEBUG:
-                checked += tokens[start + block] + position_ids[row, block - 1]
+                checked += tokens[start + block]
+                checked += position_ids[row, block - 1] if write_positions else 0
+                checked += label_continues[row, 0] if write_mask else 0
             copy_window(
                 &tokens[start],
                 block,
@@ -139,10 +144,10 @@ def gather_documents(
             # The row's pieces, each a run of 0, 1, 2, ... ended by the first break after it.
             start = starts[i]
             row = rows[i] if indirect else i
-            out = &position_ids[row, 0]
-            continues = &label_continues[row, 0]
+            out = &position_ids[row, 0] if write_positions else NULL
+            continues = &label_continues[row, 0] if write_mask else NULL
             next_document = first_after[i]
-            if not per_label:
+            if write_mask and not per_label:
                 continues[0] = 1
             piece = 0
             while True:
@@ -164,7 +169,8 @@ def gather_documents(
                 if TOKSTREAM_DEBUG and not piece < end <= block:
                     with gil:
                         raise IndexError(f"piece [{piece}, {end}) of row {row} is not in it")
-                _ramp(out + piece, end - piece)
+                if write_positions:
+                    _ramp(out + piece, end - piece)
                 if per_label:
                     memset(continues + piece, 1, end - piece)
                 if next_piece > block:
@@ -172,7 +178,7 @@ def gather_documents(
                 # A document starts at token start + next_piece.
                 if per_label:
                     continues[next_piece - 1] = 0
-                elif next_piece == block:
+                elif write_mask and next_piece == block:
                     continues[0] = 0
                 # Empty documents repeat a start: step past every copy of this one.
                 while (

@@ -170,7 +170,8 @@ class WindowGather:
     ) -> None:
         """Fill ``windows`` (and ``next_tokens`` or ``targets``) for global ``windows_index``.
 
-        With ``position_ids`` (and ``label_continues``) also the rows' document positions.
+        With ``position_ids`` or ``label_continues`` (or both) also the rows' document positions
+        or their loss mask.
 
         Raises ValueError when a buffer's shape is not the batch's: the kernels take their
         row count and width from the buffers, and a caller can reshape an array it was handed
@@ -187,7 +188,7 @@ class WindowGather:
             raise ValueError(
                 f"a batch buffer is not {wide} (windows {windows.shape}): reshaped in place?"
             )
-        if position_ids is not None:
+        if position_ids is not None or label_continues is not None:
             # Windows and their document positions in one kernel call per shard touched.
             starts = self.token_starts(windows_index)
             groups = [(0, None, starts)] if self._single is not None else self._by_shard(starts)
