@@ -18,7 +18,7 @@ def gather_documents(
     use_eos: bool,  # bint
     position_ids: npt.NDArray[np.int64],  # int64_t[:, ::1], shape (b, block)
     label_continues: npt.NDArray[np.uint8],  # uint8_t[:, ::1], shape (b, block) or (b, 1)
-    first_after: npt.NDArray[np.int64],  # int64_t[::1], scratch of at least len(starts)
+    window_scratch: npt.NDArray[np.int64],  # int64_t[:, ::1], at least (len(starts), 3)
 ) -> None: ...
 def document_pieces(
     position_ids: npt.NDArray[np.int64],  # const int64_t[:, ::1], shape (b, block)

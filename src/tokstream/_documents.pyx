@@ -16,6 +16,12 @@ cdef extern from "_portable.h":
     int64_t tokstream_first_equal64(
         const int64_t *values, int64_t low, int64_t high, int64_t value
     ) noexcept nogil
+    int64_t tokstream_first_equal16(
+        const uint16_t *tokens, int64_t low, int64_t high, uint16_t value
+    ) noexcept nogil
+    int64_t tokstream_last_equal16(
+        const uint16_t *tokens, int64_t low, int64_t high, uint16_t value
+    ) noexcept nogil
 
 cdef extern from *:
     """
@@ -67,9 +73,9 @@ def gather_documents(
     bint use_eos,
     int64_t[:, ::1] position_ids,
     uint8_t[:, ::1] label_continues,
-    int64_t[::1] first_after,
+    int64_t[:, ::1] window_scratch,
 ):
-    """gather_documents(const token_t[::1] tokens, const int64_t[:] starts, int64_t[:, ::1] windows, int64_t[::1] next_tokens, int64_t[:, ::1] targets, const int64_t[:] rows, Py_ssize_t prefetch, const int64_t[::1] document_starts, const int64_t[::1] document_buckets, int bucket_shift, int64_t eos, bint use_eos, int64_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, int64_t[::1] first_after)
+    """gather_documents(const token_t[::1] tokens, const int64_t[:] starts, int64_t[:, ::1] windows, int64_t[::1] next_tokens, int64_t[:, ::1] targets, const int64_t[:] rows, Py_ssize_t prefetch, const int64_t[::1] document_starts, const int64_t[::1] document_buckets, int bucket_shift, int64_t eos, bint use_eos, int64_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, int64_t[:, ::1] window_scratch)
 
     :func:`tokstream._windows.gather_windows` (window ``i``, ``block`` tokens from ``starts[i]``,
     into row ``rows[i]``, or ``i`` if ``rows`` is None; ``next_tokens`` or ``targets``; prefetch
@@ -91,8 +97,11 @@ def gather_documents(
     ``document_buckets[k]`` counts the document starts ``<= k << bucket_shift`` (see
     :func:`tokstream._gather._document_buckets`), so the first start after a window's is
     searched among the few of its bucket, not all of them. Those lookups come first, for every
-    window, into ``first_after`` (scratch of at least ``len(starts)``): independent of each
-    other, their cache misses overlap, where inside a loop each would stall it.
+    window, into ``window_scratch[i, 0]`` (scratch of at least ``len(starts)`` rows of 3):
+    independent of each other, their cache misses overlap, where inside a loop each would stall
+    it. For 16-bit tokens the copy loop also finds each window's first and last ``eos`` (into
+    ``window_scratch[i, 1:]``) while its tokens are in cache; for other dtypes the metadata loop
+    searches the copied row.
 
     The caller guarantees ``0 <= starts[i]`` and ``starts[i] + block < len(tokens)``; every row
     below the buffers' first dimension; ``windows``, ``targets`` and ``position_ids`` of width
@@ -109,6 +118,12 @@ def gather_documents(
     cdef bint write_mask = label_continues is not None
     cdef bint per_label = write_mask and label_continues.shape[1] == block
     cdef Py_ssize_t i, row, next_document, piece, end, next_piece, limit, found
+    cdef Py_ssize_t next_eos = 0, last_eos = -1
+    # 16-bit tokens are searched for eos in the copy loop, compared in their own dtype (an eos
+    # it cannot hold is left to the copied row's search, which finds nothing).
+    cdef bint eos_in_copy = False
+    if token_t is uint16_t or token_t is int16_t:
+        eos_in_copy = use_eos and <int64_t><token_t>eos == eos
     cdef int64_t start, checked = 0
     cdef int64_t *out
     cdef uint8_t *continues
@@ -116,7 +131,7 @@ def gather_documents(
         for i in range(count):
             # The index of the first document start after the window's first token.
             start = starts[i]
-            first_after[i] = _first_above(
+            window_scratch[i, 0] = _first_above(
                 document_starts,
                 document_buckets[start >> bucket_shift],
                 document_buckets[(start >> bucket_shift) + 1],
@@ -140,13 +155,24 @@ def gather_documents(
                 &targets[row, 0] if shifted else NULL,
                 NULL if shifted else &next_tokens[row],
             )
+            if eos_in_copy:
+                # The window's first and last eos column (block and block - 1: none).
+                found = tokstream_first_equal16(
+                    <const uint16_t *>&tokens[start], 0, block, <uint16_t>eos
+                )
+                window_scratch[i, 1] = found
+                window_scratch[i, 2] = tokstream_last_equal16(
+                    <const uint16_t *>&tokens[start], found, block, <uint16_t>eos
+                )
         for i in range(count):
             # The row's pieces, each a run of 0, 1, 2, ... ended by the first break after it.
             start = starts[i]
             row = rows[i] if indirect else i
             out = &position_ids[row, 0] if write_positions else NULL
             continues = &label_continues[row, 0] if write_mask else NULL
-            next_document = first_after[i]
+            next_document = window_scratch[i, 0]
+            if eos_in_copy:
+                next_eos, last_eos = window_scratch[i, 1], window_scratch[i, 2]
             if write_mask and not per_label:
                 continues[0] = 1
             piece = 0
@@ -157,10 +183,22 @@ def gather_documents(
                     document_starts[next_document] - start
                     if next_document < num_documents else block + 1
                 )
-                if use_eos:
-                    # An eos at column j starts a document at j + 1: searched for in the
-                    # copied row, still cached where the corpus' lines went by with the copies,
-                    # up to the column where the recorded start would break the row anyway.
+                # An eos at column j starts a document at j + 1.
+                if eos_in_copy:
+                    # The copy loop found the row's first and last; one between them is
+                    # searched for in the corpus (a row of three or more).
+                    if next_eos < piece:
+                        next_eos = (
+                            tokstream_first_equal16(
+                                <const uint16_t *>&tokens[start], piece, last_eos, <uint16_t>eos
+                            )
+                            if piece <= last_eos else block
+                        )
+                    if next_eos + 1 < next_piece:
+                        next_piece = next_eos + 1
+                elif use_eos:
+                    # Searched for in the copied row, still cached where the corpus' lines went
+                    # by with the copies, up to where the recorded start breaks the row anyway.
                     limit = next_piece - 1 if next_piece <= block else block
                     found = tokstream_first_equal64(&windows[row, 0], piece, limit, eos)
                     if found < limit:

@@ -209,7 +209,7 @@ class WindowGather:
                     self._use_eos,
                     position_ids,
                     label_continues,
-                    np.empty(local_starts.shape[0], np.int64),
+                    np.empty((local_starts.shape[0], 3), np.int64),
                 )
             return
         if self._single is not None and self._one_segment_base is not None:
