@@ -247,6 +247,67 @@ def test_mulhi_matches_the_exact_product_with_and_without_128_bit_integers(tmp_p
     assert [int(v) for v in out.stdout.split()] == [(a * b) >> 64 for a, b in pairs]
 
 
+SEARCH_MAIN = r"""
+#include <stdio.h>
+#include <inttypes.h>
+#include "_portable.h"
+int main(void) {
+    /* Each line: low high value n v[0] ... v[n-1]; prints first64 first16 last16. */
+    int64_t low, high, value, n, i, v64[512];
+    uint16_t v16[512];
+    while (scanf("%" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64, &low, &high, &value, &n) == 4) {
+        for (i = 0; i < n; i++) {
+            if (scanf("%" SCNd64, &v64[i]) != 1) return 1;
+            v16[i] = (uint16_t)v64[i];
+        }
+        printf("%" PRId64 " %" PRId64 " %" PRId64 "\n",
+               tokstream_first_equal64(v64, low, high, value),
+               tokstream_first_equal16(v16, low, high, (uint16_t)value),
+               tokstream_last_equal16(v16, low, high, (uint16_t)value));
+    }
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "defines", [[], ["-DTOKSTREAM_PORTABLE_SCAN"]], ids=["sse2-where-present", "portable"]
+)
+def test_equality_searches_find_the_first_and_last_match_in_range(tmp_path, defines):
+    """The eos searches of the document kernel, vectorised and plain C, against NumPy."""
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None or not PORTABLE_H.is_file():
+        pytest.skip("needs a C compiler and the source tree")
+    source, program = tmp_path / "search.c", tmp_path / "search"
+    source.write_text(SEARCH_MAIN)
+    flags = ["-O2", "-std=c99", "-Wall", "-Werror", f"-I{PORTABLE_H.parent}", *defines]
+    subprocess.run([compiler, *flags, str(source), "-o", str(program)], check=True)
+    rng = np.random.default_rng(0)
+    cases = []
+    for _ in range(400):
+        n = int(rng.integers(0, 100))
+        value = int(rng.choice([3, 2**33 + 3, 65535]))
+        # Ids equal to the value in one 32-bit half only, or in other bits than the low 16.
+        values = rng.choice([value ^ 2**40, value ^ 1, value ^ 2**17, 7], n)
+        values[rng.random(n) < rng.choice([0.0, 0.01, 0.1, 0.5])] = value
+        low = int(rng.integers(0, n + 1))
+        cases.append((low, int(rng.integers(low, n + 1)), value, values.astype(np.int64)))
+    text = "".join(
+        f"{low} {high} {value} {len(v)} {' '.join(map(str, v.tolist()))}\n"
+        for low, high, value, v in cases
+    )
+    out = subprocess.run([str(program)], input=text, capture_output=True, text=True, check=True)
+    for line, (low, high, value, v) in zip(out.stdout.splitlines(), cases, strict=True):
+        hits64 = low + np.flatnonzero(v[low:high] == value)
+        hits16 = low + np.flatnonzero(v[low:high].astype(np.uint16) == np.uint16(value % 2**16))
+        want = (
+            int(hits64[0]) if len(hits64) else high,
+            int(hits16[0]) if len(hits16) else high,
+            int(hits16[-1]) if len(hits16) else low - 1,
+        )
+        assert tuple(int(x) for x in line.split()) == want, (low, high, value, v)
+
+
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES)
 @pytest.mark.parametrize(("stride", "offset"), [(1, 0), (3, 5), (7, 0)])
 @pytest.mark.parametrize("shifted", [False, True])

@@ -16,8 +16,8 @@ def gather_documents(
     bucket_shift: int,  # int
     eos: int,  # int64_t
     use_eos: bool,  # bint
-    position_ids: npt.NDArray[np.int64],  # int64_t[:, ::1], shape (b, block)
-    label_continues: npt.NDArray[np.uint8],  # uint8_t[:, ::1], shape (b, block) or (b, 1)
+    position_ids: npt.NDArray[np.int64] | None,  # int64_t[:, ::1], shape (b, block)
+    label_continues: npt.NDArray[np.uint8] | None,  # uint8_t[:, ::1], (b, block) or (b, 1)
     window_scratch: npt.NDArray[np.int64],  # int64_t[:, ::1], at least (len(starts), 3)
 ) -> None: ...
 def document_pieces(

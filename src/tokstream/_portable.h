@@ -11,7 +11,9 @@
 #include <intrin.h>
 #endif
 
-#if defined(__SSE2__) || defined(_M_X64)
+/* SSE2 for the equality searches below; TOKSTREAM_PORTABLE_SCAN forces their plain-C loops
+ * (the tests compile both). */
+#if (defined(__SSE2__) || defined(_M_X64)) && !defined(TOKSTREAM_PORTABLE_SCAN)
 #define TOKSTREAM_SSE2 1
 #include <emmintrin.h>
 #endif
