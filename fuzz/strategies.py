@@ -340,6 +340,7 @@ def resumable_calls(draw):
         "stride": draw(st.sampled_from([1, 1, 2, 5])),
         "eos": draw(st.sampled_from([None, None, 0, 7, 14])),
         "windows": draw(st.sampled_from(["cross", "cross", "within"])),
+        "extras": tuple(draw(st.lists(st.sampled_from(DOCUMENT_EXTRAS), unique=True, max_size=3))),
     }
     return tokens, kwargs, draw(st.integers(0, 25))
 
