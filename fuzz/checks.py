@@ -40,9 +40,11 @@ from fuzz.model import (
     model_mixture,
     model_mixture_batches,
     model_mixture_length,
+    recorded_offsets,
 )
 from tokstream import Corpus, mix, open_tokens, reference, stream_token_source, write_tokens
 from tokstream._filemap import file_map_of
+from tokstream._options import DOCUMENT_EXTRAS
 
 # Batches compared per call: epochs may be 2**70.
 MAX_BATCHES = 30
@@ -259,7 +261,8 @@ def _load_edited_state(source, target, shards, controls, steps, edit) -> str:
 
 def check_token_file(directory, token_file: TokenFile) -> str:
     """open_tokens gives exactly the file's tokens, or a ValueError/TypeError naming the file;
-    a stream over what it gives yields the model's batches, read in bounds (debug build)."""
+    a stream over what it gives yields the model's batches, read in bounds (debug build), and
+    so does a stream with every extra over the documents a Megatron or Arrow file records."""
     path = directory / token_file.name
     path.write_bytes(token_file.data)
     for name, data in token_file.beside.items():
@@ -298,8 +301,34 @@ def check_token_file(directory, token_file: TokenFile) -> str:
             )
         finally:
             stream.close()
-            del stream, corpus, shard
-        return "file accepted"
+            del stream
+        offsets = recorded_offsets(path, token_file.data, token_file.kwargs)
+        if offsets is None:
+            del corpus, shard
+            return "file accepted"
+        # The documents the file records: every extra, both window policies, as the model has
+        # them from the file's own offsets.
+        controls["extras"], controls["recorded"] = DOCUMENT_EXTRAS, [set(offsets[1:-1].tolist())]
+        for windows in ("cross", "within"):
+            controls["windows"] = windows
+            stream = stream_token_source(
+                corpus, 3, 5, seed=1, extras=DOCUMENT_EXTRAS, windows=windows
+            )
+            # The default order of a stream outside the reference's options is implicit.
+            controls["permutation"] = stream.options.permutation
+            try:
+                assert_batches_equal(
+                    itertools.islice(stream, MAX_BATCHES),
+                    itertools.islice(
+                        model_batches([expected.astype(np.int64)], controls), MAX_BATCHES
+                    ),
+                    f"documents of a token file, windows={windows!r}",
+                )
+            finally:
+                stream.close()
+                del stream
+        del corpus, shard
+        return "file documents"
     finally:
         path.unlink()
         for name in token_file.beside:

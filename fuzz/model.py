@@ -684,6 +684,39 @@ def independent_read(path, data: bytes, kwargs: dict[str, Any]) -> np.ndarray | 
     return tokens
 
 
+def recorded_offsets(path, data: bytes, kwargs: dict[str, Any]) -> np.ndarray | None:
+    """The document offsets a file the model accepts records, read without tokstream:
+    Megatron's document indices as token offsets, an Arrow list column's offsets; None for
+    the formats without documents (and an Arrow file without a record batch)."""
+    fmt = kwargs.get("format")
+    if fmt != "bin":
+        fmt = detect(path, data) if fmt is None else fmt
+    if fmt == "megatron":
+        prefix = str(path)[:-4]
+        with open(prefix + ".idx", "rb") as f:
+            index = f.read()
+        sequences = int.from_bytes(index[18:26], "little")
+        documents = int.from_bytes(index[26:34], "little")
+        lengths = np.frombuffer(index, "<i4", sequences, 34).astype(np.int64)
+        starts = np.frombuffer(index, "<i8", documents, 34 + 12 * sequences)
+        return np.concatenate([[0], np.cumsum(lengths)])[starts]
+    if fmt == "arrow":
+        import pyarrow as pa
+
+        source = pa.BufferReader(data)
+        reader = (pa.ipc.open_file if data.startswith(b"ARROW1") else pa.ipc.open_stream)(source)
+        batches = (
+            [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            if data.startswith(b"ARROW1")
+            else list(reader)
+        )
+        if not batches:
+            return None
+        offsets = np.asarray(batches[0].column("input_ids").offsets, np.int64)
+        return offsets - offsets[0]
+    return None
+
+
 def _megatron_read(path: str) -> np.ndarray | None:
     """Megatron-LM's index read with struct-level care: every field checked by hand."""
     prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
