@@ -580,8 +580,8 @@ def file_verdict(path, data: bytes, kwargs: dict[str, Any]) -> np.ndarray | type
                 return TypeError
         except TypeError:
             return TypeError
-    tokens = independent_read(path, data, kwargs)
-    return ValueError if tokens is None else tokens
+    read = independent_read(path, data, kwargs)
+    return ValueError if read is None else read[0]
 
 
 def _looks_like_another_kind(data: bytes) -> bool:
@@ -633,8 +633,11 @@ def detect(path, data: bytes) -> str | None:
     return "bin"
 
 
-def independent_read(path, data: bytes, kwargs: dict[str, Any]) -> np.ndarray | None:
-    """What the file holds, read without tokstream, or None if it is not a valid token file."""
+def independent_read(
+    path, data: bytes, kwargs: dict[str, Any]
+) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """What the file holds, read without tokstream: its tokens and the document offsets it
+    records (None without documents), or None if it is not a valid token file."""
     fmt = kwargs.get("format")
     if fmt != "bin":
         detected = detect(path, data)
@@ -642,6 +645,7 @@ def independent_read(path, data: bytes, kwargs: dict[str, Any]) -> np.ndarray | 
             return None
         fmt = detected
     want = kwargs.get("dtype")
+    offsets = None
     if fmt == "npy":
         try:
             with warnings.catch_warnings():
@@ -667,9 +671,9 @@ def independent_read(path, data: bytes, kwargs: dict[str, Any]) -> np.ndarray | 
     elif fmt == "megatron":
         if data.startswith(MEGATRON_MAGIC) and not str(path).endswith(".idx"):
             return None  # an index must be named PREFIX.idx
-        tokens = _megatron_read(str(path))
+        tokens, offsets = _megatron_read(str(path))
     elif fmt == "arrow":
-        tokens = _arrow_read(data)
+        tokens, offsets = _arrow_read(data)
     else:
         dtype = np.dtype(np.uint16 if want is None else want)
         if len(data) % dtype.itemsize:
@@ -681,44 +685,20 @@ def independent_read(path, data: bytes, kwargs: dict[str, Any]) -> np.ndarray | 
         return None
     if tokens.dtype.kind == "u" and tokens.size and int(tokens.max()) > INT64_MAX:
         return None
-    return tokens
+    return tokens, offsets
 
 
 def recorded_offsets(path, data: bytes, kwargs: dict[str, Any]) -> np.ndarray | None:
-    """The document offsets a file the model accepts records, read without tokstream:
-    Megatron's document indices as token offsets, an Arrow list column's offsets; None for
-    the formats without documents (and an Arrow file without a record batch)."""
-    fmt = kwargs.get("format")
-    if fmt != "bin":
-        fmt = detect(path, data) if fmt is None else fmt
-    if fmt == "megatron":
-        prefix = str(path)[:-4]
-        with open(prefix + ".idx", "rb") as f:
-            index = f.read()
-        sequences = int.from_bytes(index[18:26], "little")
-        documents = int.from_bytes(index[26:34], "little")
-        lengths = np.frombuffer(index, "<i4", sequences, 34).astype(np.int64)
-        starts = np.frombuffer(index, "<i8", documents, 34 + 12 * sequences)
-        return np.concatenate([[0], np.cumsum(lengths)])[starts]
-    if fmt == "arrow":
-        import pyarrow as pa
-
-        source = pa.BufferReader(data)
-        reader = (pa.ipc.open_file if data.startswith(b"ARROW1") else pa.ipc.open_stream)(source)
-        batches = (
-            [reader.get_batch(i) for i in range(reader.num_record_batches)]
-            if data.startswith(b"ARROW1")
-            else list(reader)
-        )
-        if not batches:
-            return None
-        offsets = np.asarray(batches[0].column("input_ids").offsets, np.int64)
-        return offsets - offsets[0]
-    return None
+    """The document offsets a file the model accepts records (Megatron's document indices as
+    token offsets, an Arrow list column's offsets), read without tokstream; None for the
+    formats without documents (and an Arrow file without a record batch)."""
+    _, offsets = independent_read(path, data, kwargs)
+    return offsets
 
 
-def _megatron_read(path: str) -> np.ndarray | None:
-    """Megatron-LM's index read with struct-level care: every field checked by hand."""
+def _megatron_read(path: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Megatron-LM's index read with struct-level care, every field checked by hand: the
+    tokens and the documents' token offsets, or None for both."""
     prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
     try:
         with open(prefix + ".idx", "rb") as f:
@@ -726,41 +706,43 @@ def _megatron_read(path: str) -> np.ndarray | None:
         with open(prefix + ".bin", "rb") as f:
             tokens_bytes = f.read()
     except OSError:
-        return None
+        return None, None
     if len(index) < 34 or not index.startswith(MEGATRON_MAGIC):
-        return None
+        return None, None
     version = int.from_bytes(index[9:17], "little")
     code = index[17]
     sequences = int.from_bytes(index[18:26], "little")
     documents = int.from_bytes(index[26:34], "little")
     if version != 1 or code not in MEGATRON_DTYPES or documents == 0:
-        return None
+        return None, None
     if len(index) != 34 + 12 * sequences + 8 * documents:
-        return None
+        return None, None
     dtype = np.dtype(MEGATRON_DTYPES[code])
     lengths = np.frombuffer(index, "<i4", sequences, 34).astype(np.int64)
     pointers = np.frombuffer(index, "<i8", sequences, 34 + 4 * sequences)
     starts = np.frombuffer(index, "<i8", documents, 34 + 12 * sequences)
     if np.any(lengths < 0):
-        return None
+        return None, None
     expected = 0
     for length, pointer in zip(lengths.tolist(), pointers.tolist(), strict=True):
         if pointer != expected * dtype.itemsize:
-            return None
+            return None, None
         expected += length
     if len(tokens_bytes) != expected * dtype.itemsize:
-        return None
+        return None, None
     if starts[0] != 0 or starts[-1] != sequences or np.any(np.diff(starts) < 0):
-        return None
-    return np.frombuffer(tokens_bytes, dtype=dtype)
+        return None, None
+    offsets = np.concatenate([[0], np.cumsum(lengths)])[starts]
+    return np.frombuffer(tokens_bytes, dtype=dtype), offsets
 
 
-def _arrow_read(data: bytes) -> np.ndarray | None:
-    """pyarrow's own reading of the one record batch's ``input_ids`` lists, fully validated."""
+def _arrow_read(data: bytes) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """pyarrow's own reading of the one record batch's ``input_ids`` lists, fully validated:
+    the tokens and the lists' offsets (None without a batch), or None for both."""
     try:
         import pyarrow as pa
     except ImportError:
-        return None
+        return None, None
     try:
         source = pa.BufferReader(data)
         if data.startswith(b"ARROW1"):
@@ -774,20 +756,22 @@ def _arrow_read(data: bytes) -> np.ndarray | None:
         schema = reader.schema
         names = schema.names  # undecodable field names raise here
     except Exception:
-        return None
+        return None, None
     if len(batches) > 1 or "input_ids" not in names:
-        return None
+        return None, None
     kind = schema.field("input_ids").type
     if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
-        return None
+        return None, None
     if not pa.types.is_integer(kind.value_type):
-        return None
+        return None, None
     if not batches:
-        return np.zeros(0, dtype=kind.value_type.to_pandas_dtype())
+        return np.zeros(0, dtype=kind.value_type.to_pandas_dtype()), None
     column = batches[0].column("input_ids")
     if column.null_count:
-        return None
+        return None, None
     values = column.flatten()
     if values.null_count:
-        return None
-    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=values.type.to_pandas_dtype())
+        return None, None
+    offsets = np.asarray(column.offsets, np.int64)
+    tokens = np.asarray(values.to_numpy(zero_copy_only=False), dtype=values.type.to_pandas_dtype())
+    return tokens, offsets - offsets[0]

@@ -199,6 +199,23 @@ def test_prefetch_distance_keeps_about_2_kib_ahead_and_skips_long_windows(dtype)
 
 
 PORTABLE_H = Path(__file__).resolve().parent.parent / "src" / "tokstream" / "_portable.h"
+
+
+def run_portable_c(tmp_path, main: str, defines: list[str], text: str) -> str:
+    """Compile ``main`` (a C program including ``_portable.h``) with ``defines``, feed it
+    ``text`` and return what it prints; skip without a C compiler or the source tree."""
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None or not PORTABLE_H.is_file():
+        pytest.skip("needs a C compiler and the source tree")
+    source, program = tmp_path / "main.c", tmp_path / "main"
+    source.write_text(main)
+    flags = ["-O2", "-std=c99", "-Wall", "-Werror", f"-I{PORTABLE_H.parent}", *defines]
+    subprocess.run([compiler, *flags, str(source), "-o", str(program)], check=True)
+    return subprocess.run(
+        [str(program)], input=text, capture_output=True, text=True, check=True
+    ).stdout
+
+
 MULHI_MAIN = r"""
 #include <stdio.h>
 #include <inttypes.h>
@@ -217,34 +234,12 @@ int main(void) {
 )
 def test_mulhi_matches_the_exact_product_with_and_without_128_bit_integers(tmp_path, defines):
     """The plain-C multiply (what MSVC on 32-bit and exotic compilers get) equals the exact one."""
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None or not PORTABLE_H.is_file():
-        pytest.skip("needs a C compiler and the source tree")
-    source = tmp_path / "mulhi.c"
-    source.write_text(MULHI_MAIN)
-    program = tmp_path / "mulhi"
-    subprocess.run(
-        [
-            compiler,
-            "-O2",
-            "-std=c99",
-            "-Wall",
-            "-Werror",
-            f"-I{PORTABLE_H.parent}",
-            *defines,
-            str(source),
-            "-o",
-            str(program),
-        ],
-        check=True,
-    )
     rng = np.random.default_rng(0)
     edges = [0, 1, 2**32 - 1, 2**32, 2**32 + 1, 2**63, 2**64 - 1]
     pairs = [(a, b) for a in edges for b in edges]
     pairs += [tuple(int(v) for v in rng.integers(0, 2**64, 2, dtype=np.uint64)) for _ in range(500)]
-    text = "".join(f"{a} {b}\n" for a, b in pairs)
-    out = subprocess.run([str(program)], input=text, capture_output=True, text=True, check=True)
-    assert [int(v) for v in out.stdout.split()] == [(a * b) >> 64 for a, b in pairs]
+    out = run_portable_c(tmp_path, MULHI_MAIN, defines, "".join(f"{a} {b}\n" for a, b in pairs))
+    assert [int(v) for v in out.split()] == [(a * b) >> 64 for a, b in pairs]
 
 
 SEARCH_MAIN = r"""
@@ -275,13 +270,6 @@ int main(void) {
 )
 def test_equality_searches_find_the_first_and_last_match_in_range(tmp_path, defines):
     """The eos searches of the document kernel, vectorised and plain C, against NumPy."""
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None or not PORTABLE_H.is_file():
-        pytest.skip("needs a C compiler and the source tree")
-    source, program = tmp_path / "search.c", tmp_path / "search"
-    source.write_text(SEARCH_MAIN)
-    flags = ["-O2", "-std=c99", "-Wall", "-Werror", f"-I{PORTABLE_H.parent}", *defines]
-    subprocess.run([compiler, *flags, str(source), "-o", str(program)], check=True)
     rng = np.random.default_rng(0)
     cases = []
     for _ in range(400):
@@ -296,8 +284,8 @@ def test_equality_searches_find_the_first_and_last_match_in_range(tmp_path, defi
         f"{low} {high} {value} {len(v)} {' '.join(map(str, v.tolist()))}\n"
         for low, high, value, v in cases
     )
-    out = subprocess.run([str(program)], input=text, capture_output=True, text=True, check=True)
-    for line, (low, high, value, v) in zip(out.stdout.splitlines(), cases, strict=True):
+    out = run_portable_c(tmp_path, SEARCH_MAIN, defines, text)
+    for line, (low, high, value, v) in zip(out.splitlines(), cases, strict=True):
         hits64 = low + np.flatnonzero(v[low:high] == value)
         hits16 = low + np.flatnonzero(v[low:high].astype(np.uint16) == np.uint16(value % 2**16))
         want = (

@@ -81,6 +81,15 @@ TOKSTREAM_INLINE int64_t tokstream_first_equal64(const int64_t *values, int64_t 
     return j;
 }
 
+#if defined(TOKSTREAM_SSE2)
+/* Whether any of the sixteen 16-bit tokens at p equals the value broadcast in wanted. */
+TOKSTREAM_INLINE int tokstream_any_equal16(const uint16_t *p, __m128i wanted) {
+    __m128i a = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)p), wanted);
+    __m128i b = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(p + 8)), wanted);
+    return _mm_movemask_epi8(_mm_or_si128(a, b));
+}
+#endif
+
 /* The first j in [low, high) with tokens[j] == value, else high; and the last, else low - 1:
  * 16-bit tokens (GPT-2's vocabulary in nanoGPT's and llm.c's files), sixteen a step with SSE2.
  * The document kernel runs them on a window while the copy has its tokens in cache. */
@@ -89,12 +98,7 @@ TOKSTREAM_INLINE int64_t tokstream_first_equal16(const uint16_t *tokens, int64_t
     int64_t j = low;
 #if defined(TOKSTREAM_SSE2)
     const __m128i wanted = _mm_set1_epi16((short)value);
-    while (j + 16 <= high) {
-        __m128i a = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(tokens + j)), wanted);
-        __m128i b = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(tokens + j + 8)), wanted);
-        if (_mm_movemask_epi8(_mm_or_si128(a, b))) {
-            break;
-        }
+    while (j + 16 <= high && !tokstream_any_equal16(tokens + j, wanted)) {
         j += 16;
     }
 #endif
@@ -109,12 +113,7 @@ TOKSTREAM_INLINE int64_t tokstream_last_equal16(const uint16_t *tokens, int64_t 
     int64_t j = high;
 #if defined(TOKSTREAM_SSE2)
     const __m128i wanted = _mm_set1_epi16((short)value);
-    while (j - 16 >= low) {
-        __m128i a = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(tokens + j - 16)), wanted);
-        __m128i b = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(tokens + j - 8)), wanted);
-        if (_mm_movemask_epi8(_mm_or_si128(a, b))) {
-            break;
-        }
+    while (j - 16 >= low && !tokstream_any_equal16(tokens + j - 16, wanted)) {
         j -= 16;
     }
 #endif
