@@ -22,7 +22,7 @@ from tests.oracle_documents import (
     expected_batches,
     materialized_orders,
 )
-from tokstream import Corpus, _windows, open_tokens, reference, stream_token_source
+from tokstream import Corpus, _windows, mix, open_tokens, reference, stream_token_source
 from tokstream._documents import document_pieces, gather_documents
 from tokstream._gather import WindowGather, _document_buckets
 
@@ -267,6 +267,55 @@ def test_resuming_after_every_batch_continues_identically(shards, run, shuffle, 
         resumed.close()
 
 
+def within_stream(source, **options):
+    return stream_token_source(source, 2, 2, windows="within", shuffle=False, **options)
+
+
+@pytest.mark.parametrize(
+    ("saved_by", "loaded_by"),
+    [
+        # The same shard lengths and window count (3 + 7), the windows elsewhere.
+        pytest.param(
+            lambda: within_stream(Corpus.from_documents([np.arange(5), np.arange(9)])),
+            lambda: within_stream(Corpus.from_documents([np.arange(9), np.arange(5)])),
+            id="recorded",
+        ),
+        pytest.param(
+            lambda: within_stream(np.array([1, 2, 3, 4, 0, 5, 6, 7, 8, 9, 1, 2, 3, 0]), eos=0),
+            lambda: within_stream(np.array([1, 2, 3, 4, 5, 6, 7, 8, 0, 9, 1, 2, 3, 0]), eos=0),
+            id="eos",
+        ),
+        pytest.param(
+            lambda: within_stream(
+                mix({"a": Corpus.from_documents([np.arange(5), np.arange(9)])}, {"a": 1})
+            ),
+            lambda: within_stream(
+                mix({"a": Corpus.from_documents([np.arange(9), np.arange(5)])}, {"a": 1})
+            ),
+            id="mixture",
+        ),
+    ],
+)
+def test_a_state_from_other_documents_is_refused_within_them(saved_by, loaded_by):
+    saved = saved_by()
+    next(saved)
+    state = saved.state_dict()
+    with pytest.raises(ValueError, match="window_segments_sha256"):
+        loaded_by().load_state_dict(state)
+    again = saved_by()
+    again.load_state_dict(state)
+    assert_same_batches([copied(b) for b in again], [copied(b) for b in saved])
+
+
+def test_a_state_from_other_documents_resumes_cross_windows():
+    # Across documents the documents decide the extras (data), not which windows come when.
+    saved = stream_token_source(Corpus.from_documents([np.arange(5), np.arange(9)]), 2, 2)
+    next(saved)
+    other = stream_token_source(Corpus.from_documents([np.arange(9), np.arange(5)]), 2, 2)
+    other.load_state_dict(saved.state_dict())
+    assert "window_segments_sha256" not in saved.state_dict()["config"]
+
+
 @pytest.mark.parametrize("windows", ["cross", "within"])
 @pytest.mark.parametrize("targets", ["next", "shifted"])
 @pytest.mark.parametrize(
@@ -329,6 +378,29 @@ def test_eos_and_recorded_documents_together_break_at_both():
     assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]
     within = stream_token_source(corpus, 2, 8, shuffle=False, eos=9, windows="within")
     assert next(within)[0].tolist() == [[1, 2], [5, 6], [6, 7]]  # [3, 4] holds no window
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_eos_boundaries_are_the_union_of_both_kinds_each_once(seed):
+    # eos tokens ending recorded documents and shards, first tokens, runs of eos, empty shards.
+    rng = np.random.default_rng(seed)
+    shards, offsets = [], []
+    for _ in range(int(rng.integers(1, 5))):
+        tokens = rng.integers(0, 4, int(rng.integers(0, 40))).astype(np.int16)
+        cuts = rng.integers(0, tokens.shape[0] + 1, int(rng.integers(0, 6)))
+        shards.append(tokens)
+        offsets.append(np.unique(np.concatenate([[0], cuts, [tokens.shape[0]]])))
+    corpus = Corpus._from_arrays(shards, [f"s{i}" for i in range(len(shards))], "s", offsets)
+    starts = np.cumsum([0] + [shard.shape[0] for shard in shards])
+    expected = np.unique(
+        np.concatenate(
+            [
+                np.concatenate([o, np.flatnonzero(t == 3) + 1]) + b
+                for t, o, b in zip(shards, offsets, starts[:-1], strict=True)
+            ]
+        )
+    )
+    assert corpus.boundaries_with_eos(3).tolist() == expected.tolist()
 
 
 def test_streams_over_several_token_files_give_the_oracles_batches(tmp_path):

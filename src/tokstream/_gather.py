@@ -8,6 +8,7 @@ document extras are asked for).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -139,6 +140,13 @@ class WindowGather:
     def offsets(self) -> np.ndarray:
         """The first global window index of each segment holding a window, then their count."""
         return self._offsets
+
+    def segments_sha256(self) -> str:
+        """A hash of where the windows lie: each kept segment's first token, then the first
+        window index of each (O(segments) bytes, read once)."""
+        digest = hashlib.sha256(np.ascontiguousarray(self._segment_starts, "<i8").data)
+        digest.update(np.ascontiguousarray(self._offsets, "<i8").data)
+        return digest.hexdigest()
 
     def token_starts(self, windows: np.ndarray) -> np.ndarray:
         """The first token of each window, in the shards laid end to end."""

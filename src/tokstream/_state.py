@@ -36,9 +36,17 @@ class Cursor(NamedTuple):
     rng_state: tuple | None
 
 
-def config(corpus: Any, options: Any) -> dict[str, Any]:
-    """The fingerprint of a stream's global window sequence, as JSON-friendly values."""
+def config(corpus: Any, options: Any, space: Any) -> dict[str, Any]:
+    """The fingerprint of a stream's global window sequence, as JSON-friendly values.
+
+    ``space`` is the stream's window index space (:class:`~tokstream._gather.WindowGather`):
+    within documents, where its segments are the documents, it is hashed, since the same shard
+    lengths and settings over other document boundaries lay out other windows.
+    """
     lengths = np.ascontiguousarray(corpus.lengths, dtype="<i8").tobytes()
+    within = (
+        {"window_segments_sha256": space.segments_sha256()} if options.windows == "within" else {}
+    )
     return {
         "num_tokens": corpus.num_tokens,
         "num_shards": len(corpus.shards),
@@ -56,6 +64,7 @@ def config(corpus: Any, options: Any) -> dict[str, Any]:
             for key, old in _LATER_KEYS.items()
             if getattr(options, key) != old
         },
+        **within,
     }
 
 

@@ -11,6 +11,7 @@ ranks' shares and the epoch tail.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -86,7 +87,6 @@ class TokenStream(Iterator[Batch]):
             if options.shuffle and _advice.AVAILABLE and next(corpus.memory_maps(), None)
             else None
         )
-        self._config = {**_state.config(corpus, options), **self._order.fingerprint()}
         self._lock = threading.Lock()
         self._closed = False
         self._cursor = self._order.first_cursor()
@@ -279,6 +279,15 @@ class TokenStream(Iterator[Batch]):
         )
 
     # ------------------------------------------------------------------ resumable cursor
+
+    @functools.cached_property
+    def _config(self) -> dict[str, Any]:
+        # Made on first use: within documents it hashes O(documents) arrays, a cost a stream
+        # that never saves or loads a state should not pay.
+        return {
+            **_state.config(self._corpus, self._options, self._gather),
+            **self._order.fingerprint(),
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """The cursor as a small JSON-serialisable dict (about 5 KB, no corpus data).
