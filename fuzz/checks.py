@@ -216,7 +216,13 @@ def check_state_edit(tokens, kwargs, steps: int, edit) -> str:
     source = build_stream(tokens, kwargs)
     target = build_stream(tokens, kwargs)
     try:
-        outcome = _load_edited_state(source, target, shards, controls, steps, edit)
+        outcome = _load_edited_state(
+            source,
+            target,
+            lambda cursor=None: model_batches(shards, controls, cursor),
+            steps,
+            edit,
+        )
     finally:
         source.close()
         target.close()
@@ -224,7 +230,29 @@ def check_state_edit(tokens, kwargs, steps: int, edit) -> str:
     return outcome
 
 
-def _load_edited_state(source, target, shards, controls, steps, edit) -> str:
+def check_mixture_state_edit(sources, weights, kwargs, steps: int, edit) -> str:
+    """:func:`check_state_edit` for a valid mixture call (its sources, weights and schedule are
+    fingerprinted too)."""
+    arrays, integer_weights, controls = model_mixture(sources, weights, kwargs)
+    source = stream_token_source(mix(sources, weights), **kwargs)
+    target = stream_token_source(mix(sources, weights), **kwargs)
+    try:
+        outcome = _load_edited_state(
+            source,
+            target,
+            lambda cursor=None: model_mixture_batches(arrays, integer_weights, controls, cursor),
+            steps,
+            edit,
+        )
+    finally:
+        source.close()
+        target.close()
+    assert_no_prefetch_thread()
+    return "mixture state " + outcome
+
+
+def _load_edited_state(source, target, model, steps, edit) -> str:
+    """``model(cursor=None)``: the model's batches from the start, or from a loaded cursor."""
     for _ in itertools.islice(source, steps):
         pass
     state = json.loads(json.dumps(source.state_dict()))
@@ -235,20 +263,19 @@ def _load_edited_state(source, target, shards, controls, steps, edit) -> str:
         assert "state" in str(exc), f"{exc!r} does not name the state"
         assert_batches_equal(
             itertools.islice(target, 3),
-            itertools.islice(model_batches(shards, controls), 3),
+            itertools.islice(model(), 3),
             "stream after a refused state",
         )
         return "refused"
     assert not must_reject, f"accepted a state whose config or version was edited: {edited!r}"
     loaded = target.state_dict()
     assert loaded["config"] == state["config"]
-    global_batch = controls["world_size"] * controls["batch_size"]
-    assert loaded["position"] % global_batch == 0
+    assert loaded["position"] % (loaded["world_size"] * loaded["batch_size"]) == 0
     if edited == state:
         # An unedited state resumes right after the batches the source consumed.
-        expected = itertools.islice(model_batches(shards, controls), steps, steps + MAX_BATCHES)
+        expected = itertools.islice(model(), steps, steps + MAX_BATCHES)
     else:
-        expected = itertools.islice(model_batches(shards, controls, cursor_of(loaded)), MAX_BATCHES)
+        expected = itertools.islice(model(cursor_of(loaded)), MAX_BATCHES)
     assert_batches_equal(
         itertools.islice(target, MAX_BATCHES), expected, "stream after an accepted state"
     )
@@ -495,12 +522,9 @@ def _check_in_a_forked_child(stream, expected: list) -> None:
         verdict = b"ok"
         try:
             got = list(itertools.islice(stream, len(expected)))
-            same = len(got) == len(expected) and all(
-                np.array_equal(a, b)
-                for g, w in zip(got, expected, strict=True)
-                for a, b in zip(g, w, strict=True)
-            )
-            verdict = b"ok" if same else b"the child's batches differ"
+            assert len(got) == len(expected), f"the child got {len(got)} batches"
+            for i, (batch, want) in enumerate(zip(got, expected, strict=True)):
+                assert_batch_equal(batch, want, f"the child's batch {i}")
         except BaseException as error:  # reported to the parent
             verdict = repr(error).encode()
         os.write(write_end, verdict)

@@ -458,10 +458,13 @@ def model_mixture(
 
 
 def model_mixture_batches(
-    sources: list[np.ndarray], weights: list[int], c: dict[str, Any]
+    sources: list[np.ndarray], weights: list[int], c: dict[str, Any], cursor: tuple | None = None
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Global sample ``e N + p`` is local sample ``j`` of source ``s`` by the schedule: position
-    ``j mod n_s`` of that source's epoch ``j div n_s``, through its own implicit permutation."""
+    ``j mod n_s`` of that source's epoch ``j div n_s``, through its own implicit permutation.
+
+    ``cursor`` is ``(epoch, position, None)`` to start from instead of the beginning.
+    """
     tree = mixture_tree(weights)
     counts = [windows_in(len(t), c["block"], c["stride"]) for t in sources]
     n, world, batch_size = mixture_epoch(counts, c), c["world_size"], c["batch_size"]
@@ -469,8 +472,10 @@ def model_mixture_batches(
     full, rest = divmod(used, world * batch_size)
     per_epoch = full + (1 if rest and not c["drop_last"] else 0)
     orders: dict[tuple[int, int], Any] = {}
-    for epoch in range(c["epochs"]):
-        for step in range(per_epoch):
+    first_epoch, first_position = (0, 0) if cursor is None else cursor[:2]
+    for epoch in range(first_epoch, c["epochs"]):
+        first_step = first_position // (world * batch_size) if epoch == first_epoch else 0
+        for step in range(first_step, per_epoch):
             base = step * world * batch_size
             rows = min(batch_size, (used - base) // world)
             windows, after, row_sources = [], [], []

@@ -28,6 +28,7 @@ from fuzz.checks import (
     check_cli_file,
     check_lifecycle,
     check_mixture,
+    check_mixture_state_edit,
     check_state_edit,
     check_token_file,
 )
@@ -37,6 +38,7 @@ from fuzz.strategies import (
     lifecycle_events,
     mixture_calls,
     resumable_calls,
+    resumable_mixture_calls,
     state_edits,
     token_files,
     token_inputs,
@@ -85,10 +87,15 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
         tally.add("call " + guarded(check_call, tokens, kwargs))
 
     @common
-    @given(call=resumable_calls(), edit=state_edits())
+    @given(call=resumable_calls(documents=True), edit=state_edits())
     def states(call, edit):
         tokens, kwargs, steps = call
         tally.add("state " + guarded(check_state_edit, tokens, kwargs, steps, edit))
+
+    @common
+    @given(call=resumable_mixture_calls(), edit=state_edits())
+    def mixture_states(call, edit):
+        tally.add(guarded(check_mixture_state_edit, *call, edit))
 
     directory = Path(tempfile.mkdtemp(prefix="tokstream_fuzz_"))
 
@@ -117,7 +124,7 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
     stop = time.monotonic() + seconds
     try:
         for round_number in itertools.count():
-            for test in (calls, states, files, lifecycles, documents, mixtures):
+            for test in (calls, states, files, lifecycles, documents, mixtures, mixture_states):
                 (test if seed is None else hypothesis.seed(seed + round_number)(test))()
             if time.monotonic() >= stop:
                 return tally

@@ -26,6 +26,7 @@ from fuzz.model import (
     ShardList,
     TokenFile,
     model_int,
+    model_mixture,
 )
 
 INT_DTYPES = [f"{o}{k}{s}" for o in "<>" for k in "iu" for s in (1, 2, 4, 8)]
@@ -320,10 +321,14 @@ def state_edits(draw):
 
 
 @st.composite
-def resumable_calls(draw):
-    """Valid calls on a small corpus, for the state edits."""
+def resumable_calls(draw, documents: bool = False):
+    """Valid calls on a small corpus, for the state edits; with ``documents``, half of them
+    over the tokens cut into recorded documents (``Corpus.from_documents``, empty ones too)."""
     length = draw(st.integers(1, 200))
     tokens = np.arange(length, dtype=draw(st.sampled_from(["u2", "i4", "i8"]))) * 7 % 1009
+    if documents and draw(st.booleans()):
+        cuts = sorted(draw(st.lists(st.integers(0, length), max_size=8)))
+        tokens = DocumentList(np.split(tokens, cuts))
     world_size = draw(st.integers(1, 3))
     kwargs = {
         "block": draw(st.integers(1, 12)),
@@ -417,6 +422,20 @@ def mixture_calls(draw):
     if draw(st.booleans()):
         kwargs["extras"] = ("source",)
     return sources, weights, kwargs
+
+
+def _valid_mixture(call) -> bool:
+    try:
+        model_mixture(*call)
+    except Rejected:
+        return False
+    return True
+
+
+@st.composite
+def resumable_mixture_calls(draw):
+    """Valid mixture calls with the number of batches to take before a state is saved."""
+    return (*draw(mixture_calls().filter(_valid_mixture)), draw(st.integers(0, 25)))
 
 
 #: What happens to a stream in the middle (see ``fuzz.checks.check_lifecycle``).

@@ -28,7 +28,7 @@ def test_any_call_yields_the_models_batches_or_the_predicted_clear_error(tokens,
 
 
 @QUICK
-@given(call=strategies.resumable_calls(), edit=strategies.state_edits())
+@given(call=strategies.resumable_calls(documents=True), edit=strategies.state_edits())
 def test_a_hand_edited_state_is_refused_cleanly_or_resumes_where_it_claims(call, edit):
     tokens, kwargs, steps = call
     guarded(checks.check_state_edit, tokens, kwargs, steps, edit)
@@ -53,6 +53,12 @@ def test_documents_and_their_extras_are_the_models_for_any_call(call):
 @given(call=strategies.mixture_calls())
 def test_any_mixture_yields_the_models_batches_or_the_predicted_clear_error(call):
     guarded(checks.check_mixture, *call)
+
+
+@QUICK
+@given(call=strategies.resumable_mixture_calls(), edit=strategies.state_edits())
+def test_a_hand_edited_mixture_state_is_refused_cleanly_or_resumes_where_it_claims(call, edit):
+    guarded(checks.check_mixture_state_edit, *call, edit)
 
 
 @QUICK
