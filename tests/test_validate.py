@@ -174,6 +174,13 @@ def test_bad_input_raises_at_call_time_naming_the_argument(path, overrides, erro
         pytest.param({"extras": "position_ids"}, TypeError, "extras", id="extras_str"),
         pytest.param({"extras": ("loss_mask",) * 2}, ValueError, "extras", id="extras_twice"),
         pytest.param({"extras": ("source",)}, ValueError, "extras", id="extras_not_a_mixture"),
+        pytest.param(
+            # int32 offsets: a batch of 2**31 positions or more has some it cannot name.
+            {"block": 2**16, "batch_size": 2**15, "extras": ("cu_seqlens",)},
+            ValueError,
+            "extras 'cu_seqlens' are int32 offsets",
+            id="cu_seqlens_past_int32",
+        ),
         pytest.param({"world_size": 0}, ValueError, "world_size", id="world_zero"),
         pytest.param({"world_size": 2.5}, ValueError, "world_size", id="world_fraction"),
         pytest.param({"rank": -1}, ValueError, "rank", id="rank_negative"),

@@ -12,6 +12,7 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from tokstream._validate import (
+    INT32_MAX,
     choice,
     exact_bool,
     exact_int,
@@ -92,6 +93,12 @@ class StreamOptions:
         eos = None if values["eos"] is None else exact_int(values["eos"], "eos")
         windows = choice(values["windows"], "windows", WINDOW_POLICIES)
         extras = names_from(values["extras"], "extras", allowed_extras + MIXTURE_EXTRAS)
+        if "cu_seqlens" in extras and batch_size * block > INT32_MAX:
+            raise ValueError(
+                "extras 'cu_seqlens' are int32 offsets into the flattened batch (flash-attention's "
+                f"varlen interface), but batch_size * block = {batch_size} * {block} positions "
+                "exceed 2**31 - 1"
+            )
         samples = None if values["samples"] is None else positive_int(values["samples"], "samples")
         needs_mixture = {"samples": samples is not None, "extras 'source'": "source" in extras}
         for what, given in needs_mixture.items():

@@ -16,6 +16,7 @@ import numpy as np
 
 INT64_MIN = int(np.iinfo(np.int64).min)
 INT64_MAX = int(np.iinfo(np.int64).max)
+INT32_MAX = int(np.iinfo(np.int32).max)
 SEED_MAX = 2**32 - 1
 
 # Floats compare against these exact powers of two: float(INT64_MAX) rounds up to 2**63, which
