@@ -213,16 +213,33 @@ def check_state_edit(tokens, kwargs, steps: int, edit) -> str:
     stream then yields exactly the model's batches from the cursor it reports.
     """
     shards, controls = model_call(tokens, kwargs)
-    source = build_stream(tokens, kwargs)
-    target = build_stream(tokens, kwargs)
+    return _edited_state_outcome(
+        lambda: build_stream(tokens, kwargs),
+        lambda cursor=None: model_batches(shards, controls, cursor),
+        steps,
+        edit,
+    )
+
+
+def check_mixture_state_edit(sources, weights, kwargs, steps: int, edit) -> str:
+    """:func:`check_state_edit` for a valid mixture call (its sources, weights and schedule are
+    fingerprinted too)."""
+    arrays, integer_weights, controls = model_mixture(sources, weights, kwargs)
+    return "mixture state " + _edited_state_outcome(
+        lambda: stream_token_source(mix(sources, weights), **kwargs),
+        lambda cursor=None: model_mixture_batches(arrays, integer_weights, controls, cursor),
+        steps,
+        edit,
+    )
+
+
+def _edited_state_outcome(make_stream, model, steps, edit) -> str:
+    """Two streams from ``make_stream()``: the state the first reports after ``steps`` batches,
+    edited, loaded into the second. ``model(cursor=None)``: the model's batches from the start,
+    or from a cursor."""
+    source, target = make_stream(), make_stream()
     try:
-        outcome = _load_edited_state(
-            source,
-            target,
-            lambda cursor=None: model_batches(shards, controls, cursor),
-            steps,
-            edit,
-        )
+        outcome = _load_edited_state(source, target, model, steps, edit)
     finally:
         source.close()
         target.close()
@@ -230,29 +247,7 @@ def check_state_edit(tokens, kwargs, steps: int, edit) -> str:
     return outcome
 
 
-def check_mixture_state_edit(sources, weights, kwargs, steps: int, edit) -> str:
-    """:func:`check_state_edit` for a valid mixture call (its sources, weights and schedule are
-    fingerprinted too)."""
-    arrays, integer_weights, controls = model_mixture(sources, weights, kwargs)
-    source = stream_token_source(mix(sources, weights), **kwargs)
-    target = stream_token_source(mix(sources, weights), **kwargs)
-    try:
-        outcome = _load_edited_state(
-            source,
-            target,
-            lambda cursor=None: model_mixture_batches(arrays, integer_weights, controls, cursor),
-            steps,
-            edit,
-        )
-    finally:
-        source.close()
-        target.close()
-    assert_no_prefetch_thread()
-    return "mixture state " + outcome
-
-
 def _load_edited_state(source, target, model, steps, edit) -> str:
-    """``model(cursor=None)``: the model's batches from the start, or from a loaded cursor."""
     for _ in itertools.islice(source, steps):
         pass
     state = json.loads(json.dumps(source.state_dict()))
