@@ -202,7 +202,7 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
     controls["extras"] = model_extras(args["extras"])
     # cu_seqlens are int32 offsets into a flattened batch of batch_size * block positions.
     if "cu_seqlens" in controls["extras"] and controls["batch_size"] * controls["block"] >= 2**31:
-        raise Rejected(ValueError, "cu_seqlens")
+        raise Rejected(ValueError, "extras")
     # Recorded document starts, per shard: the tokens the eos rule does not find.
     controls["recorded"] = [tokens.starts if isinstance(tokens, DocumentList) else set()] * len(
         shards

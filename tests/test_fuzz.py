@@ -111,6 +111,13 @@ def test_timedeltas_are_not_token_ids(token_ids):
         stream_token_source(token_ids, 1, 1)
 
 
+def test_the_model_calls_a_cu_seqlens_batch_past_int32_an_extras_error_the_reference_lacks():
+    # Found by the fuzz harness: named "cu_seqlens", the model's verdict was not recognised as
+    # one about a tokstream option, so the reference (which has no extras) was expected to fail.
+    kwargs = {"block": 1, "batch_size": 2**62, "extras": ("cu_seqlens",)}
+    assert checks.check_call(np.array([], dtype=np.int8), kwargs) == "ValueError:extras"
+
+
 def test_a_timedelta_is_not_a_block_size():
     with pytest.raises(TypeError, match="block"):
         stream_token_source(np.arange(10), np.timedelta64(2, "s"), 1)
