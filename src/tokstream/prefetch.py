@@ -11,11 +11,14 @@ that did not complete stops the thread and marks the prefetcher :attr:`~Prefetch
 child process forked after the thread started has the parent's queue but not its thread: every
 such prefetcher is marked :attr:`~Prefetcher.orphaned` in the child, and its owner's ``on_fork``
 runs there first (the owner's locks may have been held by the vanished thread). The owner
-discards a stopped or orphaned prefetcher and starts a new one where it wants to continue.
+discards a stopped or orphaned prefetcher and starts a new one where it wants to continue. The
+consumer's side (:meth:`~Prefetcher.get`, :meth:`~Prefetcher.stop`) takes no lock the thread
+needs, so an interrupt landing inside it cannot leave one held (see :class:`_Handoff`).
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import threading
@@ -33,6 +36,69 @@ _STARTED: weakref.WeakSet[Prefetcher] = weakref.WeakSet()
 class _Failure:
     def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+class _Handoff:
+    """At most ``depth`` results on their way from the producer thread to the consumer.
+
+    A signal handler's exception (Ctrl-C's KeyboardInterrupt) is raised in the consumer between
+    any two bytecodes, and ``queue.Queue`` cannot take that: landing inside its Condition's
+    acquire or release, it left the queue's lock held (the next ``get`` and the producer then
+    waited for each other forever) or released twice (``RuntimeError: release unlocked lock``
+    in place of the interrupt). Here nobody holds a lock: results move through a deque (append
+    and popleft are atomic), and each side wakes the other by releasing a lock the other waits on
+    with a timeout: an interrupt can lose a wake-up (the waiter looks again after the timeout),
+    or the result a ``get`` had taken but not yet returned, never the handoff itself.
+    """
+
+    def __init__(self, depth: int) -> None:
+        self._items: collections.deque = collections.deque()
+        self._depth = depth
+        self._added = _held_lock()
+        self._taken = _held_lock()
+
+    def put(self, item: Any, timeout: float) -> bool:
+        """Producer: append ``item``; False if ``depth`` results still wait after ``timeout``."""
+        if len(self._items) >= self._depth:
+            self._taken.acquire(timeout=timeout)
+            if len(self._items) >= self._depth:
+                return False
+        self._items.append(item)
+        _wake(self._added)
+        return True
+
+    def get(self, timeout: float) -> Any:
+        """Consumer: the oldest result; ``queue.Empty`` if none came within ``timeout``."""
+        if not self._items:
+            self._added.acquire(timeout=timeout)
+        try:
+            item = self._items.popleft()
+        except IndexError:
+            raise queue.Empty from None
+        _wake(self._taken)
+        return item
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def drop(self) -> None:
+        """Consumer: forget the waiting results and wake a producer waiting for room."""
+        self._items.clear()
+        _wake(self._taken)
+
+
+def _held_lock() -> threading.Lock:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
+def _wake(lock: threading.Lock) -> None:
+    """Let one wait on ``lock`` return (a no-op if a wake-up is already pending)."""
+    try:
+        lock.release()
+    except RuntimeError:  # already released: a wake-up is pending
+        pass
 
 
 class Prefetcher:
@@ -55,9 +121,12 @@ class Prefetcher:
         self._owner_ref = weakref.ref(owner)
         self._produce = produce
         self._on_fork = on_fork
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._go = threading.Event()
+        self._handoff = _Handoff(depth)
+        # Set by the consumer, read by the thread: a flag, not an Event (whose lock an
+        # interrupt in the consumer could leave held).
+        self._stopping = False
+        # Released once the start has returned: the thread produces nothing before.
+        self._go = _held_lock()
         self._thread: threading.Thread | None = None
         self._finished = False
         self.orphaned = False
@@ -65,17 +134,17 @@ class Prefetcher:
     @property
     def stopped(self) -> bool:
         """True once :meth:`stop` (or :meth:`close`) was called or the start was interrupted."""
-        return self._stop.is_set()
+        return self._stopping
 
     @property
     def usable(self) -> bool:
         """False when the owner must discard this prefetcher (stopped, or orphaned by a fork)."""
-        return not (self.orphaned or self._stop.is_set())
+        return not (self.orphaned or self._stopping)
 
     def _start(self) -> None:
         thread = threading.Thread(
             target=_run,
-            args=(self._owner_ref, self._produce, self, self._queue, self._stop, self._go),
+            args=(self._owner_ref, self._produce, self, self._handoff, self._go),
             name="tokstream-prefetch",
             daemon=True,
         )
@@ -83,12 +152,12 @@ class Prefetcher:
             self._thread = thread
             thread.start()
             _STARTED.add(self)
-            self._go.set()  # the thread produces nothing before this
+            _wake(self._go)  # the thread produces nothing before this
         except BaseException:
             # Interrupted inside Thread.start (or just after): the thread must not run on
             # unseen. It may have produced at most what the owner's rewind undoes.
-            self._stop.set()
-            self._go.set()
+            self._stopping = True
+            _wake(self._go)
             if thread.ident is not None:
                 thread.join()
             raise
@@ -105,11 +174,11 @@ class Prefetcher:
             self._start()
         while True:
             try:
-                item = self._queue.get(timeout=_POLL_SECONDS)
+                item = self._handoff.get(_POLL_SECONDS)
                 break
             except queue.Empty:
                 if self.orphaned or not self._thread.is_alive():
-                    if self._queue.empty():
+                    if self._handoff.empty():
                         raise RuntimeError(
                             "the prefetch thread is gone (stopped, or lost in a fork)"
                         ) from None
@@ -124,19 +193,16 @@ class Prefetcher:
     def stop(self) -> None:
         """Ask the thread to stop; no result begins after its next check. Does not wait."""
         if self.orphaned:
-            return  # no thread to tell, and its events' locks may have been held by it
-        self._stop.set()
-        self._go.set()
+            return  # no thread to tell
+        self._stopping = True
+        _wake(self._go)
 
     def close(self) -> None:
         """Stop the thread and wait for it; queued results are dropped."""
         self.stop()
         thread = self._thread
         while thread is not None and thread.is_alive() and not self.orphaned:
-            try:
-                self._queue.get_nowait()  # unblock a producer waiting on a full queue
-            except queue.Empty:
-                pass
+            self._handoff.drop()  # a producer waiting for room sees the stop sooner
             thread.join(_POLL_SECONDS)
         self._finished = True
 
@@ -145,12 +211,13 @@ def _run(
     owner_ref: weakref.ref,
     produce: Callable[[Any, Prefetcher], Any],
     prefetcher: Prefetcher,
-    out: queue.Queue,
-    stop: threading.Event,
-    go: threading.Event,
+    out: _Handoff,
+    go: threading.Lock,
 ) -> None:
-    go.wait()
-    while not stop.is_set():
+    while not go.acquire(timeout=_POLL_SECONDS):
+        if owner_ref() is None:
+            return
+    while not prefetcher.stopped:
         owner = owner_ref()
         if owner is None:
             return
@@ -161,13 +228,11 @@ def _run(
         except BaseException as error:  # handed to the consumer, who decides
             item = _Failure(error)
         del owner
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=_POLL_SECONDS)
+        while not prefetcher.stopped:
+            if out.put(item, _POLL_SECONDS):
                 break
-            except queue.Full:
-                if owner_ref() is None:
-                    return
+            if owner_ref() is None:
+                return
         if item is _END or isinstance(item, _Failure):
             return
 
