@@ -244,6 +244,32 @@ def test_ctrl_c_inside_the_prefetch_threads_start_orphans_nothing_and_skips_noth
     assert prefetch_threads() == []
 
 
+def test_ctrl_c_inside_start_gives_up_on_a_thread_stuck_before_it_runs(monkeypatch):
+    # A Ctrl-C inside CPython's own wait in Thread.start can leave that Event's lock held, and
+    # the new thread then blocks in its bootstrap for good (seen under a stress of interrupts):
+    # simulated by a thread whose target never returns. Waiting for it without a bound hung.
+    expected = batches_of(stream_token_source(IDS, 8, 64, epochs=2, seed=4))
+    stream = stream_token_source(IDS, 8, 64, epochs=2, seed=4, prefetch=3)
+    real_start, stuck = threading.Thread.start, threading.Event()
+
+    def start(thread):
+        if thread.name != "tokstream-prefetch":
+            return real_start(thread)
+        monkeypatch.setattr(threading.Thread, "start", real_start)  # only this one
+        thread._target, thread._args = stuck.wait, ()
+        real_start(thread)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(KeyboardInterrupt):
+        call_within(lambda: next(stream))
+    assert stream.state_dict()["position"] == 0
+    assert call_within(lambda: batches_of(stream)) == expected
+    stream.close()
+    stuck.set()
+    wait_for_no_prefetch_threads()
+
+
 def interrupt_prefetch_thread_join(monkeypatch) -> None:
     """Make the next join of a prefetch thread raise KeyboardInterrupt, as a Ctrl-C landing
     while ``close()`` or ``load_state_dict()`` waits for the thread does."""

@@ -127,6 +127,8 @@ class Prefetcher:
         self._stopping = False
         # Released once the start has returned: the thread produces nothing before.
         self._go = _held_lock()
+        # Set by the thread when it starts running this module (see _join).
+        self._entered = False
         self._thread: threading.Thread | None = None
         self._finished = False
         self.orphaned = False
@@ -158,8 +160,7 @@ class Prefetcher:
             # unseen. It may have produced at most what the owner's rewind undoes.
             self._stopping = True
             _wake(self._go)
-            if thread.ident is not None:
-                thread.join()
+            self._join()
             raise
 
     def get(self) -> Any:
@@ -200,11 +201,21 @@ class Prefetcher:
     def close(self) -> None:
         """Stop the thread and wait for it; queued results are dropped."""
         self.stop()
+        self._join()
+        self._finished = True
+
+    def _join(self) -> None:
+        """Wait for the stopped thread to end, unless it has not run any of this module yet.
+
+        Such a thread ends as soon as it does (told to stop, it produces nothing), and may
+        never: landing inside CPython's own wait in ``Thread.start``, an interrupt can leave
+        that Event's lock held, and the new thread then blocks in its bootstrap for good (a
+        daemon; seen under a stress of interrupts). Waiting for it hung.
+        """
         thread = self._thread
-        while thread is not None and thread.is_alive() and not self.orphaned:
+        while thread is not None and thread.is_alive() and self._entered and not self.orphaned:
             self._handoff.drop()  # a producer waiting for room sees the stop sooner
             thread.join(_POLL_SECONDS)
-        self._finished = True
 
 
 def _run(
@@ -214,6 +225,7 @@ def _run(
     out: _Handoff,
     go: threading.Lock,
 ) -> None:
+    prefetcher._entered = True
     while not go.acquire(timeout=_POLL_SECONDS):
         if owner_ref() is None:
             return
