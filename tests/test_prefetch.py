@@ -270,6 +270,29 @@ def test_ctrl_c_inside_start_gives_up_on_a_thread_stuck_before_it_runs(monkeypat
     wait_for_no_prefetch_threads()
 
 
+def test_ctrl_c_inside_start_is_raised_as_itself_not_as_cpythons_double_release(monkeypatch):
+    # Interrupted inside its Event's wait, Thread.start's cleanup released that lock twice and
+    # raised RuntimeError("release unlocked lock") with the KeyboardInterrupt as its context.
+    expected = batches_of(stream_token_source(IDS, 8, 64, epochs=2, seed=4))
+    stream = stream_token_source(IDS, 8, 64, epochs=2, seed=4, prefetch=3)
+    real_start = threading.Thread.start
+
+    def start(thread):
+        monkeypatch.setattr(threading.Thread, "start", real_start)
+        real_start(thread)
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("release unlocked lock")  # noqa: B904 (as CPython does)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(KeyboardInterrupt):
+        next(stream)
+    assert batches_of(stream) == expected
+    stream.close()
+    wait_for_no_prefetch_threads()
+
+
 def interrupt_prefetch_thread_join(monkeypatch) -> None:
     """Make the next join of a prefetch thread raise KeyboardInterrupt, as a Ctrl-C landing
     while ``close()`` or ``load_state_dict()`` waits for the thread does."""

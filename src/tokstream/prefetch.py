@@ -155,12 +155,18 @@ class Prefetcher:
             thread.start()
             _STARTED.add(self)
             _wake(self._go)  # the thread produces nothing before this
-        except BaseException:
+        except BaseException as error:
             # Interrupted inside Thread.start (or just after): the thread must not run on
             # unseen. It may have produced at most what the owner's rewind undoes.
             self._stopping = True
             _wake(self._go)
             self._join()
+            interrupt = error.__context__
+            double_release = type(error) is RuntimeError and str(error) == "release unlocked lock"
+            if double_release and interrupt is not None:
+                # The interrupt landed in Thread.start's own Event wait, whose cleanup then
+                # released its lock twice: the caller gets the interrupt, not that slip.
+                raise interrupt from None
             raise
 
     def get(self) -> Any:
