@@ -355,6 +355,17 @@ def test_eos_in_long_windows_gives_the_oracles_batches(seed, targets):
     assert_same_batches(list(stream), expected_batches(shards, block, 7, extras=ALL_EXTRAS, **run))
 
 
+@pytest.mark.parametrize("cut", [None, 4095, 4096, 4097, 4500])
+def test_position_ids_of_pieces_longer_than_the_kernels_ramp_count_on(cut):
+    # The kernel copies a piece's positions from a ramp of 4096; longer pieces go on from there.
+    tokens = np.arange(9000, dtype=np.uint16)
+    boundaries = None if cut is None else np.array([0, cut, 9000], np.int64)
+    shards = [Shard(tokens, boundaries)]
+    run = {"stride": 997, "extras": ALL_EXTRAS}
+    stream = stream_token_source(corpus_of(shards), 5000, 2, shuffle=False, **run)
+    assert_same_batches(list(stream), expected_batches(shards, 5000, 2, **run))
+
+
 @pytest.mark.parametrize("targets", ["next", "shifted"])
 def test_an_eos_past_32_bits_is_told_from_ids_that_share_half_of_it(targets):
     # The kernel's eos scan compares 32-bit halves: ids equal to eos in one half only must not
