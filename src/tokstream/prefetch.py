@@ -145,8 +145,7 @@ class Prefetcher:
 
     def _start(self) -> None:
         thread = threading.Thread(
-            target=_run,
-            args=(self._owner_ref, self._produce, self, self._handoff, self._go),
+            target=self._run,
             name="tokstream-prefetch",
             daemon=True,
         )
@@ -158,8 +157,7 @@ class Prefetcher:
         except BaseException as error:
             # Interrupted inside Thread.start (or just after): the thread must not run on
             # unseen. It may have produced at most what the owner's rewind undoes.
-            self._stopping = True
-            _wake(self._go)
+            self.stop()
             self._join()
             interrupt = error.__context__
             double_release = type(error) is RuntimeError and str(error) == "release unlocked lock"
@@ -168,6 +166,31 @@ class Prefetcher:
                 # released its lock twice: the caller gets the interrupt, not that slip.
                 raise interrupt from None
             raise
+
+    def _run(self) -> None:
+        """The thread: produce until stopped, the end, a failure, or the owner is collected."""
+        self._entered = True
+        while not self._go.acquire(timeout=_POLL_SECONDS):
+            if self._owner_ref() is None:
+                return
+        while not self._stopping:
+            owner = self._owner_ref()
+            if owner is None:
+                return
+            try:
+                item = self._produce(owner, self)
+            except StopIteration:
+                item = _END
+            except BaseException as error:  # handed to the consumer, who decides
+                item = _Failure(error)
+            del owner
+            while not self._stopping:
+                if self._handoff.put(item, _POLL_SECONDS):
+                    break
+                if self._owner_ref() is None:
+                    return
+            if item is _END or isinstance(item, _Failure):
+                return
 
     def get(self) -> Any:
         """The next result, in production order; StopIteration after the last one.
@@ -222,37 +245,6 @@ class Prefetcher:
         while thread is not None and thread.is_alive() and self._entered and not self.orphaned:
             self._handoff.drop()  # a producer waiting for room sees the stop sooner
             thread.join(_POLL_SECONDS)
-
-
-def _run(
-    owner_ref: weakref.ref,
-    produce: Callable[[Any, Prefetcher], Any],
-    prefetcher: Prefetcher,
-    out: _Handoff,
-    go: threading.Lock,
-) -> None:
-    prefetcher._entered = True
-    while not go.acquire(timeout=_POLL_SECONDS):
-        if owner_ref() is None:
-            return
-    while not prefetcher.stopped:
-        owner = owner_ref()
-        if owner is None:
-            return
-        try:
-            item = produce(owner, prefetcher)
-        except StopIteration:
-            item = _END
-        except BaseException as error:  # handed to the consumer, who decides
-            item = _Failure(error)
-        del owner
-        while not prefetcher.stopped:
-            if out.put(item, _POLL_SECONDS):
-                break
-            if owner_ref() is None:
-                return
-        if item is _END or isinstance(item, _Failure):
-            return
 
 
 def _after_fork_in_child() -> None:
