@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from tokstream import cli, open_tokens
-from tokstream._tokenizers import Encoder
 from tokstream.formats import tokenized
 from tokstream.tokenize import tokenize_files
+from tokstream.tokenize.encoders import Encoder
 
 tokenizers = pytest.importorskip("tokenizers")
 

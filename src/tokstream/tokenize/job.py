@@ -1,18 +1,4 @@
-"""Text to token files: the preparation step before :func:`tokstream.open_tokens`.
-
-:func:`tokenize_files` reads documents from text files (one per line, or one per file), JSON
-Lines and Parquet (a text field), encodes each with a Hugging Face ``tokenizers`` JSON file or a
-tiktoken encoding available locally, appends the end-of-sequence token, and writes shards of at
-most ``shard_tokens`` tokens (a longer document gets a shard of its own) into a directory that
-:func:`tokstream.open_tokens` opens with its documents (:mod:`tokstream.formats.tokenized`).
-
-The output depends only on the inputs and the options, never on ``workers``: documents are
-encoded in batches by worker processes but written in input order. Every shard is written under
-a temporary name and renamed into place, and the manifest is rewritten after each shard, so a
-run that is interrupted is finished by running it again: the shards it completed are kept, and
-the documents they hold are skipped, never written twice. Nothing is downloaded: a tiktoken
-encoding must already be in tiktoken's local cache.
-"""
+"""The tokenize job: inputs in order, encoded in batches, written as shards with a manifest."""
 
 from __future__ import annotations
 
@@ -28,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate, files
-from tokstream._text_inputs import expand_inputs, read_documents
-from tokstream._tokenizers import Encoder, encode_batch, start_worker
 from tokstream.formats import tokenized
 from tokstream.formats.writer import STREAMED, TokenFileWriter
+from tokstream.tokenize.encoders import Encoder, encode_batch, start_worker
+from tokstream.tokenize.inputs import expand_inputs, read_documents
 
 FORMATS = STREAMED
 DEFAULT_EOS = "<|endoftext|>"
