@@ -261,3 +261,43 @@ def test_the_command_line_tokenizes_and_inspect_reports_documents(
         "</s>",
     )
     assert code == 1 and "error:" in stderr and "'</s>'" in stderr
+
+
+@pytest.fixture
+def gapped_tokenizer(tmp_path) -> Path:
+    """A valid tokenizer of four tokens whose largest id, 70000, needs more than 16 bits."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocabulary = {"[UNK]": 0, "a": 1, "b": 2, "far": 70000}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "gapped.json"
+    tokenizer.save(str(path))
+    return path
+
+
+def test_the_dtype_fits_the_largest_id_not_the_number_of_tokens(tmp_path, gapped_tokenizer):
+    (tmp_path / "in.txt").write_text("a far b\nb a\n")
+    inputs = [str(tmp_path / "in.txt")]
+    result = tokenize_files(inputs, str(gapped_tokenizer), tmp_path / "out", eos=2)
+    assert result.dtype == "uint32"
+    assert documents_of(open_tokens(tmp_path / "out")) == [[1, 70000, 2, 2], [2, 1, 2]]
+    tokenize_files(inputs, str(gapped_tokenizer), tmp_path / "i64", eos=70000, dtype="int64")
+    assert open_tokens(tmp_path / "i64").dtype == np.int64
+    with pytest.raises(ValueError, match=r"\[0, 70000\].*does not fit dtype=uint16"):
+        tokenize_files(inputs, str(gapped_tokenizer), tmp_path / "u16", eos=2, dtype=np.uint16)
+    assert not (tmp_path / "u16").exists()
+    with pytest.raises(ValueError, match="eos id 3 is no token"):
+        tokenize_files(inputs, str(gapped_tokenizer), tmp_path / "x", eos=3)
+
+
+def test_the_command_line_takes_a_dtype_and_a_digit_eos_only_in_ascii(tmp_path, gapped_tokenizer):
+    (tmp_path / "in.txt").write_text("a far b\n")
+    base = ["tokenize", str(tmp_path / "in.txt"), "--tokenizer", str(gapped_tokenizer)]
+    code, stdout, stderr = run(
+        *base, "--output", str(tmp_path / "o"), "--eos", "2", "--dtype", "int64"
+    )
+    assert code == 0, stderr
+    assert open_tokens(tmp_path / "o").dtype == np.int64
+    code, stdout, stderr = run(*base, "--output", str(tmp_path / "p"), "--eos", "²")
+    assert code == 1 and "no token '²'" in stderr

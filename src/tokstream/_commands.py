@@ -235,7 +235,9 @@ def cmd_convert(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
 def cmd_tokenize(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     from tokstream import tokenize
 
-    eos = None if args.no_eos else int(args.eos) if args.eos.isdigit() else args.eos
+    # isascii: str.isdigit() also holds for digits int() refuses, such as "²".
+    digits = args.eos.isascii() and args.eos.isdigit()
+    eos = None if args.no_eos else int(args.eos) if digits else args.eos
     progress = _progress.Progress(None if args.quiet else stderr)
     result = tokenize.tokenize_files(
         args.inputs,
@@ -247,6 +249,7 @@ def cmd_tokenize(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> in
         workers=args.workers,
         text_field=args.text_field,
         document_per_file=args.document_per_file,
+        dtype=args.dtype,
         progress=lambda message, final: progress.update(message, final=final),
     )
     progress.done()

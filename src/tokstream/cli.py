@@ -269,6 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
     tokenize.add_argument("--no-eos", action="store_true", help="end documents with no token")
     tokenize.add_argument("--format", choices=STREAMED, default="npy", help="shard format")
     tokenize.add_argument(
+        "--dtype",
+        type=_dtype_name,
+        default=None,
+        help="token dtype (default uint16 when the tokenizer's largest id fits, else 32-bit)",
+    )
+    tokenize.add_argument(
         "--shard-tokens",
         type=_positive,
         default=100_000_000,

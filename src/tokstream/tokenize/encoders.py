@@ -48,8 +48,11 @@ class Encoder:
         except Exception as exc:  # the Rust side raises plain Exceptions
             raise ValueError(f"tokenizer {path}: not a tokenizers JSON file: {exc}") from None
         self.fingerprint = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
-        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        vocabulary = tokenizer.get_vocab(with_added_tokens=True)
+        # The largest id, not the count: a vocabulary may leave ids unused.
+        self.max_id = max(vocabulary.values(), default=0)
         self.token_to_id = tokenizer.token_to_id
+        self.has_id = lambda id: tokenizer.id_to_token(id) is not None
         self._encode = lambda texts: [e.ids for e in tokenizer.encode_batch(texts)]
 
     def _load_tiktoken(self, name: str) -> None:
@@ -77,7 +80,16 @@ class Encoder:
                     raise
                 raise ValueError(f"tokenizer {name!r}: no such file or tiktoken encoding") from None
         self.fingerprint = f"tiktoken:{name}"
-        self.vocab_size = encoding.n_vocab
+        self.max_id = encoding.max_token_value
+
+        def has_id(id: int) -> bool:
+            try:
+                encoding.decode_single_token_bytes(id)
+            except KeyError:
+                return False
+            return True
+
+        self.has_id = has_id
 
         def token_to_id(text: str) -> int | None:
             try:
@@ -105,8 +117,8 @@ class Encoder:
                 )
             return int(found)
         eos = _validate.exact_int(eos, "eos")
-        if not 0 <= eos < self.vocab_size:
-            raise ValueError(f"eos id {eos} is outside the vocabulary [0, {self.vocab_size})")
+        if not (0 <= eos <= self.max_id and self.has_id(eos)):
+            raise ValueError(f"eos id {eos} is no token of tokenizer {self.spec}")
         return eos
 
 

@@ -67,6 +67,7 @@ def tokenize_files(
     workers: int = 1,
     text_field: str = "text",
     document_per_file: bool = False,
+    dtype: Any = None,
     progress: Progress | None = None,
 ) -> Result:
     """Tokenize ``inputs`` into shards in the directory ``output``; see the module docstring.
@@ -82,8 +83,7 @@ def tokenize_files(
         Appended to every document: a token's text or an id; None appends nothing.
     format
         The shards' format: ``"npy"``, ``"bin"`` (raw; the manifest records the dtype),
-        ``"llmc"`` or ``"megatron"``. The dtype is uint16 when the vocabulary fits, else uint32
-        (int32 for Megatron).
+        ``"llmc"`` or ``"megatron"``.
     shard_tokens
         The most tokens in one shard; a document is never split, so a longer one is a shard of
         its own.
@@ -93,6 +93,9 @@ def tokenize_files(
         The JSON field or Parquet column holding the text.
     document_per_file
         Each text file is one document (default: each nonempty line is one).
+    dtype
+        The shards' token dtype; by default uint16 when the tokenizer's largest id fits, else
+        uint32 (int32 for Megatron). A dtype too narrow for that id is a ValueError.
     progress
         Called after each batch with a one-line status and whether a shard was just written.
 
@@ -110,7 +113,10 @@ def tokenize_files(
     paths = expand_inputs(inputs)
     encoder = Encoder(tokenizer)
     eos_id = encoder.eos_id(eos)
-    dtype = files.stored_dtype(0, max(encoder.vocab_size - 1, 0), format, None)
+    try:
+        dtype = files.stored_dtype(0, encoder.max_id, format, dtype)
+    except ValueError as exc:
+        raise ValueError(f"tokenizer {tokenizer}: {exc}") from None
     output = Path(output)
     job = {
         "inputs": [_input_identity(p) for p in paths],
