@@ -175,7 +175,7 @@ def test_eos_by_text_by_id_or_none(tmp_path, tokenizer_file, text_inputs, expect
     assert documents_of(open_tokens(tmp_path / "none")) == [d[:-1] for d in expected]
     with pytest.raises(ValueError, match="no token '</s>'"):
         tokenize_files(text_inputs, str(tokenizer_file), tmp_path / "x", eos="</s>")
-    with pytest.raises(ValueError, match="outside the vocabulary"):
+    with pytest.raises(ValueError, match="eos id 1000000 is no token"):
         tokenize_files(text_inputs, str(tokenizer_file), tmp_path / "y", eos=10**6)
 
 
