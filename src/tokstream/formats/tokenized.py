@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tokstream import _validate
 from tokstream.formats import llmc, megatron, npy, raw
 from tokstream.formats._common import Shard, atomic_writer, check_offsets
 
@@ -63,23 +64,29 @@ def save(path: Path, manifest: dict[str, Any]) -> None:
 
 
 def read(path: Path) -> list[Shard]:
-    """The shards of a finished ``tokstream tokenize`` directory, with their documents."""
+    """The shards of a finished ``tokstream tokenize`` directory, with their documents.
+
+    Every file is checked against the manifest (its dtype, token and document counts) before
+    it is used; anything else is a ValueError naming the file (a missing one, an OSError).
+    """
     manifest = load(path)
     where = f"token file {path / MANIFEST}"
-    if not manifest.get("complete"):
+    if manifest.get("complete") is not True:
         raise ValueError(
             f"{where}: the tokenization stopped before it finished; run the same `tokstream "
             "tokenize` command again to complete it"
         )
     format = manifest["format"]
-    try:
-        dtype = np.dtype(manifest["dtype"])
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"{where}: bad 'dtype': {exc}") from None
+    dtype = manifest_dtype(manifest, where)
     shards = []
     for index, entry in enumerate(manifest["shards"]):
         name = shard_file(index, format)
         file = path / name
+        if not (
+            isinstance(entry, dict)
+            and all(_count(entry.get(key)) for key in ("tokens", "documents"))
+        ):
+            raise ValueError(f"{where}: shard {index} has no valid 'tokens' and 'documents'")
         if format == "megatron":
             shard = megatron.read(file)
             tokens, offsets = shard.tokens, shard.document_offsets
@@ -87,14 +94,12 @@ def read(path: Path) -> list[Shard]:
             tokens = {"npy": npy.read, "llmc": llmc.read}.get(format, lambda p: raw.read(p, dtype))(
                 file
             )
-            offsets = check_offsets(
-                np.load(path / documents_file(index)), tokens.shape[0], f"token file {file}"
-            )
-        if (
-            not isinstance(entry, dict)
-            or entry.get("tokens") != tokens.shape[0]
-            or entry.get("documents") != offsets.shape[0] - 1
-        ):
+            documents = path / documents_file(index)
+            stored = npy.read(documents)
+            offsets = check_offsets(stored, tokens.shape[0], f"token file {documents}")
+        if tokens.dtype != dtype:
+            raise ValueError(f"{where}: shard {name} holds {tokens.dtype} tokens, not {dtype}")
+        if entry["tokens"] != tokens.shape[0] or entry["documents"] != offsets.shape[0] - 1:
             raise ValueError(
                 f"{where}: shard {name} holds {tokens.shape[0]} tokens in "
                 f"{offsets.shape[0] - 1} documents, the manifest says {entry!r}"
@@ -103,3 +108,18 @@ def read(path: Path) -> list[Shard]:
     if not shards:
         raise ValueError(f"{where}: no shards (the inputs held no documents)")
     return shards
+
+
+def manifest_dtype(manifest: dict[str, Any], where: str) -> np.dtype:
+    """The manifest's token dtype: a native-order integer dtype, else a ValueError."""
+    try:
+        dtype = _validate.integer_dtype(manifest.get("dtype"), "dtype")
+    except TypeError as exc:
+        raise ValueError(f"{where}: bad 'dtype': {exc}") from None
+    if not dtype.isnative:
+        raise ValueError(f"{where}: bad 'dtype': {dtype.str} is not in native byte order")
+    return dtype
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0

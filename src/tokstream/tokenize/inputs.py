@@ -11,6 +11,7 @@ import contextlib
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
@@ -53,6 +54,17 @@ def read_documents(
     if kind == "parquet":
         yield from _parquet_documents(path, text_field)
         return
+    try:
+        yield from _text_documents(path, kind, text_field, document_per_file)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        # gzip reports a truncated stream as EOFError and a corrupt one as zlib.error or
+        # BadGzipFile (an OSError): none of them names the file.
+        raise ValueError(f"input {path}: truncated or corrupt gzip data: {exc}") from None
+
+
+def _text_documents(
+    path: Path, kind: str, text_field: str, document_per_file: bool
+) -> Iterator[tuple[str, int]]:
     with _open_binary(path) as f:
         if kind == "text" and document_per_file:
             data = f.read()
