@@ -301,3 +301,47 @@ def test_the_command_line_takes_a_dtype_and_a_digit_eos_only_in_ascii(tmp_path, 
     assert open_tokens(tmp_path / "o").dtype == np.int64
     code, stdout, stderr = run(*base, "--output", str(tmp_path / "p"), "--eos", "²")
     assert code == 1 and "no token '²'" in stderr
+
+
+def test_a_special_tokens_text_inside_a_document_is_text_not_the_token(
+    tmp_path, tokenizer_file, expected
+):
+    tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+    eos = tokenizer.token_to_id(EOS)
+    texts = [f"before {EOS} after", EOS, f"{EOS}{EOS} twice"]
+    (tmp_path / "in.txt").write_text("\n".join(texts))
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    for name in ("in.txt", "in.jsonl"):
+        out = tmp_path / f"out_{name}"
+        tokenize_files([str(tmp_path / name)], str(tokenizer_file), out, workers=1)
+        documents = documents_of(open_tokens(out))
+        assert len(documents) == len(texts)
+        for document, text in zip(documents, texts, strict=True):
+            assert document[-1] == eos and eos not in document[:-1]
+            assert tokenizer.decode(document[:-1]) == text
+
+
+def test_an_empty_document_is_skipped_in_every_kind_of_input(tmp_path, tokenizer_file, expected):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    texts = TEXTS[:4]
+    with_empty = [texts[0], "", texts[1], "", "", texts[2], texts[3], ""]
+    (tmp_path / "a.txt").write_text("\n".join(with_empty) + "\n")
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in with_empty))
+    pq.write_table(pa.table({"text": with_empty}), tmp_path / "c.parquet")
+    (tmp_path / "docs").mkdir()
+    for i, text in enumerate(with_empty):
+        (tmp_path / "docs" / f"{i}.txt").write_text(text)
+    runs = {
+        "text lines": ([tmp_path / "a.txt"], False),
+        "json lines": ([tmp_path / "b.jsonl"], False),
+        "parquet rows": ([tmp_path / "c.parquet"], False),
+        "whole files": ([tmp_path / "docs" / "*.txt"], True),
+    }
+    for name, (inputs, per_file) in runs.items():
+        out = tmp_path / name.replace(" ", "_")
+        tokenize_files(
+            [str(p) for p in inputs], str(tokenizer_file), out, document_per_file=per_file
+        )
+        assert documents_of(open_tokens(out)) == expected[:4], name

@@ -47,6 +47,14 @@ class Encoder:
             tokenizer = tokenizers.Tokenizer.from_file(os.fspath(path))
         except Exception as exc:  # the Rust side raises plain Exceptions
             raise ValueError(f"tokenizer {path}: not a tokenizers JSON file: {exc}") from None
+        try:
+            # Text is text: a special token's text inside a document (a literal
+            # "<|endoftext|>") is encoded as ordinary text, never as that token.
+            tokenizer.encode_special_tokens = True
+        except AttributeError:
+            raise ImportError(
+                "tokstream tokenize needs tokenizers>=0.19 (Tokenizer.encode_special_tokens)"
+            ) from None
         self.fingerprint = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
         vocabulary = tokenizer.get_vocab(with_added_tokens=True)
         # The largest id, not the count: a vocabulary may leave ids unused.
@@ -101,7 +109,11 @@ class Encoder:
         self._encode = encoding.encode_ordinary_batch
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        """The ids of each text (``tokenizer.encode(text).ids`` for a tokenizers file)."""
+        """The ids of each text, special tokens' texts in it encoded as plain text.
+
+        For a tokenizers file, ``tokenizer.encode(text).ids`` with ``encode_special_tokens``
+        set; for tiktoken, ``encode_ordinary``.
+        """
         return self._encode(texts)
 
     def eos_id(self, eos: int | str | None) -> int | None:

@@ -1,8 +1,9 @@
 """The documents ``tokstream tokenize`` reads: text files, JSON Lines and Parquet.
 
 A text file holds a document per nonempty line (or is one document); a JSON Lines record or a
-Parquet row holds one in a text field. ``.gz`` files are read through gzip. Every error names
-the file and, where there is one, the line.
+Parquet row holds one in a text field. One rule for every kind: a document with no characters
+(an empty line, file, field or row) is skipped, never written as an eos-only document.
+``.gz`` files are read through gzip. Every error names the file and, where there is one, the line.
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def _text_documents(
                 if text:
                     yield text, done
             elif text.strip():
-                yield _json_text(text, path, number, text_field), done
+                document = _json_text(text, path, number, text_field)
+                if document:
+                    yield document, done
 
 
 @contextlib.contextmanager
