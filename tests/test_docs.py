@@ -227,7 +227,7 @@ def test_the_docs_link_only_to_files_that_exist_and_name_the_reference_path(docu
 
 
 def test_the_readme_stays_short():
-    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+    assert len((ROOT / "README.md").read_text().splitlines()) < 350
 
 
 def test_the_numpy_training_loop_resumes_exactly_and_a_finished_run_stops(tmp_path):
