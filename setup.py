@@ -25,13 +25,14 @@ directives = {
 extensions = [
     Extension(
         f"tokstream.{name}",
-        [f"src/tokstream/{name}.pyx"],
+        [f"src/tokstream/{name.replace('.', '/')}.pyx"],
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O3"],
         define_macros=[("TOKSTREAM_DEBUG", "1" if DEBUG else "0")],
     )
     # The window kernel; the document kernel; the mixture kernel; read-ahead advice for
-    # memory-mapped corpora; the plain C loop that benchmarks hold the kernel to.
-    for name in ("_windows", "_documents", "_mixture", "_advice", "_baseline_loop")
+    # memory-mapped corpora; the plain C loop that benchmarks hold the kernel to; the device's
+    # random-read rate that the cold-cache benchmark holds read-ahead to.
+    for name in ("_windows", "_documents", "_mixture", "_advice", "bench._loop", "bench._device")
 ]
 
 # include_path: the kernels cimport the shared token type from src/tokstream/_types.pxd.

@@ -35,7 +35,7 @@ import numpy as np
 
 from tokstream import Corpus, open_tokens, stream_token_source
 from tokstream._advice import resident_fraction
-from tokstream._baseline_loop import read_at
+from tokstream.bench._device import read_at
 
 COLD_SHAPES = ((1024, 64), (128, 512))
 WARM_SHAPES = ((8, 4096), (128, 512), (1024, 64), (1024, 512), (2048, 16))

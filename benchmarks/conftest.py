@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from tokstream.baselines import PATH_LABELS, RATIOS, ratio
 from tokstream.bench import synthetic_corpus
+from tokstream.bench.baselines import PATH_LABELS, RATIOS, ratio
 
 SEED = 0
 

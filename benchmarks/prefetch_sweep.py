@@ -4,8 +4,9 @@
 
 For each of BENCHMARKS.md's shapes, both copy the same number of fresh random windows (about 2M
 tokens a round, new windows every round, one reused output buffer) at each distance of
-``tokstream.baselines.C_LOOP_DISTANCES``; the best round of each is printed in Mtok/s, with the
-distance ``tokstream._gather.prefetch_distance`` picks for the kernel. The sweep behind that rule.
+``tokstream.bench.baselines.C_LOOP_DISTANCES``; the best round of each is printed in Mtok/s, with
+the distance ``tokstream._gather.prefetch_distance`` picks for the kernel. The sweep behind that
+rule.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import time
 import numpy as np
 
 from tokstream import bench
-from tokstream._baseline_loop import copy_windows
 from tokstream._gather import prefetch_distance
 from tokstream._windows import gather_windows
-from tokstream.baselines import C_LOOP_DISTANCES
+from tokstream.bench._loop import copy_windows
+from tokstream.bench.baselines import C_LOOP_DISTANCES
 
 
 def sweep(ids: np.ndarray, block: int, batch_size: int, rounds: int) -> dict[str, dict[int, float]]:

@@ -1,4 +1,4 @@
-"""Every path of :mod:`tokstream.baselines` on every shape, order and corpus dtype.
+"""Every path of :mod:`tokstream.bench.baselines` on every shape, order and corpus dtype.
 
 One pytest-benchmark group per (corpus dtype, order, shape), so tokstream and its baselines are
 side by side. Each benchmark starts its path, draws the first batch untimed (it carries the
@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokstream import baselines, bench
+from tokstream import bench
+from tokstream.bench import baselines
 
 SHAPES = list(bench.SHAPES)
 DTYPES = ["int64", "uint16"]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream import baselines, bench
+from tokstream import bench
+from tokstream.bench import baselines
 
 NUMPY_LOADERS = ["reference", "best_numpy", "fast", "fast_reuse", "fast_one_buffer", "c_loop"]
 

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from tokstream import _progress, baselines, bench
+from tokstream import _progress, bench
+from tokstream.bench import baselines, harness
 
 
 def test_table_formats_every_case():
@@ -203,7 +204,7 @@ def test_check_memory_passes_what_fits_and_names_the_option_of_what_does_not():
 
 
 def test_check_memory_is_skipped_where_the_machine_does_not_say(monkeypatch):
-    monkeypatch.setattr(bench, "physical_memory", lambda: None)
+    monkeypatch.setattr(harness, "physical_memory", lambda: None)
     bench.check_memory(10**15, 10**15, [(8, 10**15)], ["fast"], corpus_option="--tokens 1")
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokstream import _progress, baselines, cli
+from tokstream import _progress, cli
+from tokstream.bench import baselines
 
 # A corpus and shapes small enough that a whole bench run takes a fraction of a second.
 TINY = ["--tokens", "3000", "--block", "4,16", "--batch-size", "32,8", "--batches", "2"]
@@ -613,23 +614,25 @@ def test_bench_refuses_sizes_beyond_memory_in_one_line_before_allocating(argv, n
 
 
 def test_bench_file_sizes_are_checked_too(tmp_path, monkeypatch):
-    from tokstream import bench, files
+    from tokstream import files
+    from tokstream.bench import harness
 
     for i in range(2):
         files.write_tokens(tmp_path / f"part_{i}.npy", np.arange(1000), format="npy")
-    monkeypatch.setattr(bench, "physical_memory", lambda: 10_000)
+    monkeypatch.setattr(harness, "physical_memory", lambda: 10_000)
     code, _, err = run("bench", "--file", str(tmp_path / "part_*.npy"), "--quiet")
     assert code == 1 and f"--file {tmp_path / 'part_*.npy'} needs about" in err
 
 
 @pytest.mark.parametrize("command", ["bench", "convert"])
 def test_a_memory_error_is_one_line_and_exit_1(tmp_path, token_files, monkeypatch, command):
-    from tokstream import bench, files
+    from tokstream import files
+    from tokstream.bench import harness
 
     def out_of_memory(*args, **kwargs):
         raise MemoryError("Unable to allocate 7.28 TiB for an array")
 
-    monkeypatch.setattr(bench, "run_cases", out_of_memory)
+    monkeypatch.setattr(harness, "run_cases", out_of_memory)
     monkeypatch.setattr(files, "write_tokens", out_of_memory)
     _, paths = token_files
     argv = TINY if command == "bench" else [str(paths["npy"]), str(tmp_path / "o.npy")]

@@ -16,10 +16,17 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream import _advice, _baseline_loop, _documents, _mixture, _windows
+from tokstream import _advice, _documents, _mixture, _windows
+from tokstream.bench import _device, _loop
 
-# Modules whose import has a side effect (the command line runs) or needs an optional extra.
-_NOT_IMPORTED = {"tokstream.__main__"}
+# Modules whose import has a side effect (the command line runs; a deprecated alias warns, which
+# tests/test_deprecated.py checks) or needs an optional extra.
+_NOT_IMPORTED = {
+    "tokstream.__main__",
+    "tokstream.baselines",
+    "tokstream.prefetch",
+    "tokstream.readahead",
+}
 _OPTIONAL = {"torch", "matplotlib"}
 
 
@@ -55,7 +62,13 @@ def test_module_doctests_pass(name: str) -> None:
 
 def test_doctests_actually_ran() -> None:
     """A doctest run that found no examples would pass vacuously: these modules carry some."""
-    carriers = ("tokstream.stream", "tokstream.reference", "tokstream.baselines", "tokstream.bench")
+    carriers = (
+        "tokstream.stream",
+        "tokstream.reference",
+        "tokstream.bench.baselines",
+        "tokstream.bench.harness",
+        "tokstream.bench.report",
+    )
     for name in carriers:
         if name not in _attempted:
             test_module_doctests_pass(name)
@@ -89,7 +102,8 @@ COMPILED = {
     "_documents": _documents,
     "_mixture": _mixture,
     "_advice": _advice,
-    "_baseline_loop": _baseline_loop,
+    "bench._loop": _loop,
+    "bench._device": _device,
 }
 
 
@@ -102,8 +116,8 @@ COMPILED = {
         ("_mixture", "divisor", "d"),
         ("_advice", "advise_windows", "tokens, starts, span"),
         ("_advice", "resident_fraction", "tokens"),
-        ("_baseline_loop", "copy_windows", "tokens, starts, windows"),
-        ("_baseline_loop", "read_at", "fd, offsets, buffer"),
+        ("bench._loop", "copy_windows", "tokens, starts, windows"),
+        ("bench._device", "read_at", "fd, offsets, buffer"),
     ],
 )
 def test_help_shows_the_real_signature_of_each_kernel(module, name, first_parameters) -> None:
@@ -116,9 +130,15 @@ def test_help_shows_the_real_signature_of_each_kernel(module, name, first_parame
     assert "signatures, args, kwargs" not in text
 
 
+def _stub_file(module: str):
+    """The ``.pyi`` beside compiled module ``module`` (a name relative to ``tokstream``)."""
+    return importlib.resources.files("tokstream").joinpath(*module.split(".")[:-1]) / (
+        module.split(".")[-1] + ".pyi"
+    )
+
+
 def _stub(module: str) -> ast.Module:
-    source = (importlib.resources.files("tokstream") / f"{module}.pyi").read_text()
-    return ast.parse(source)
+    return ast.parse(_stub_file(module).read_text())
 
 
 @pytest.mark.parametrize("module", list(COMPILED))
@@ -161,10 +181,9 @@ def _assert_same_parameters(node: ast.FunctionDef, function: object, name: str) 
 
 
 def test_package_ships_py_typed_and_stubs() -> None:
-    package = importlib.resources.files("tokstream")
-    assert (package / "py.typed").is_file()
+    assert (importlib.resources.files("tokstream") / "py.typed").is_file()
     for module in COMPILED:
-        assert (package / f"{module}.pyi").is_file()
+        assert _stub_file(module).is_file(), module
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import assert_same_batches, evict
 from tokstream import Corpus, open_tokens, stream_token_source, write_tokens
 from tokstream._advice import resident_fraction
-from tokstream.readahead import WARM_AFTER, WINDOWS_AHEAD
+from tokstream._readahead import WARM_AFTER, WINDOWS_AHEAD
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="eviction with posix_fadvise is Linux-only"

@@ -23,11 +23,11 @@ from tokstream._batch import Batch
 from tokstream._gather import window_space
 from tokstream._options import StreamOptions, expose_options, stream_signature
 from tokstream._order import WindowOrder
+from tokstream._prefetch import Prefetcher
+from tokstream._readahead import ReadAhead
 from tokstream._state import Cursor
 from tokstream.corpus import Corpus
 from tokstream.mixture import Mixture, MixtureOrder, stream_source
-from tokstream.prefetch import Prefetcher
-from tokstream.readahead import ReadAhead
 
 
 @expose_options

@@ -1,4 +1,4 @@
-"""Stubs for the benchmark loops ``tokstream._baseline_loop`` (see ``_baseline_loop.pyx``)."""
+"""Stubs for the plain C window-copy loop ``tokstream.bench._loop`` (see ``_loop.pyx``)."""
 
 import numpy as np
 import numpy.typing as npt
@@ -10,8 +10,3 @@ def copy_windows(
     next_tokens: npt.NDArray[np.int64],  # int64_t[::1]
     distance: int,  # Py_ssize_t, windows ahead to prefetch; 0: none
 ) -> None: ...
-def read_at(
-    fd: int,  # int
-    offsets: npt.NDArray[np.int64],  # const int64_t[:]
-    buffer: bytearray | npt.NDArray[np.int8],  # char[::1], len(buffer) bytes per read
-) -> int: ...

@@ -1,15 +1,19 @@
-"""What ``tokstream inspect`` reports about a token file: format, dtype, counts, id range."""
+"""``tokstream inspect``: what a token file holds: format, dtype, counts, id range, documents."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
-from tokstream import _progress, _validate, bench, files
+from tokstream import _progress, _validate, files
+from tokstream.bench.report import markdown_table
+from tokstream.cli._common import PROG, dtype_name, positive
 from tokstream.formats import megatron
 
 
@@ -135,4 +139,73 @@ def inspect_table(summaries: Sequence[FileSummary], block: int) -> str:
             ]
             + (["", ""] if len(header) > 7 else [])
         )
-    return bench.markdown_table(header, rows, numeric_from=3)
+    return markdown_table(header, rows, numeric_from=3)
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``inspect`` command to ``commands``."""
+    inspect = commands.add_parser(
+        "inspect",
+        help="describe token files",
+        description=(
+            "For each token file (.npy, raw .bin, llm.c shard, Megatron dataset, Arrow file or "
+            "save_to_disk directory, tokenize output; a quoted pattern expands to its sorted "
+            "matches): its format, dtype, token count, smallest and largest id, documents and "
+            "their lengths where recorded, and how many windows of --block tokens plus a "
+            "target it holds."
+        ),
+    )
+    inspect.add_argument("files", nargs="+", metavar="FILE", help="token files or patterns")
+    inspect.add_argument(
+        "--block", type=positive, default=1024, help="window length to count (default 1024)"
+    )
+    inspect.add_argument(
+        "--dtype",
+        type=dtype_name,
+        default=None,
+        help="token dtype of raw .bin files (default uint16); for .npy and llm.c, an expectation",
+    )
+    inspect.add_argument(
+        "--format",
+        choices=files.FORMATS,
+        default=None,
+        help="read as this format (default: detect)",
+    )
+    inspect.add_argument(
+        "--vocab-size",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="warn about ids >= N (a corpus tokenized with another vocabulary)",
+    )
+    inspect.add_argument("--column", default="input_ids", help="Arrow column of token lists")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    inspect.set_defaults(handler=run, command_parser=inspect)
+
+
+def _expand(arguments: Sequence[str]) -> list[str]:
+    """Each argument as a file, or a pattern's sorted matches (:func:`files.expand_pattern`)."""
+    return [str(path) for argument in arguments for path in files.expand_pattern(argument)]
+
+
+def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    progress = _progress.Progress(None if args.quiet else stderr)
+    summaries = [
+        summarize(path, args.block, args.dtype, args.format, progress, args.column)
+        for path in _expand(args.files)
+    ]
+    progress.done()
+    for summary in summaries:
+        if args.vocab_size is not None and (summary.max_id or 0) >= args.vocab_size:
+            print(
+                f"{PROG} inspect: warning: {summary.path} holds ids up to {summary.max_id}, "
+                f"beyond --vocab-size {args.vocab_size}",
+                file=stderr,
+            )
+    if args.json:
+        json.dump([s.to_json() for s in summaries], stdout, indent=2)
+        stdout.write("\n")
+    else:
+        print(inspect_table(summaries, args.block), file=stdout)
+    return 0

@@ -1,16 +1,26 @@
 """A plain C loop over random windows: the single-thread random-window limit tokstream is held to.
 
-Written independently of the kernel in ``_windows.pyx`` (no shared code) so that it measures the
-machine, not tokstream: one ``memcpy`` (or widening loop) per window into a reused buffer, with
-software prefetch of the window ``distance`` windows ahead. :func:`tokstream.baselines.c_loop`
-drives it with the best distance it finds on the machine at hand.
+Written independently of tokstream's kernels (no shared code, not even the token type) so that
+it measures the machine, not tokstream: one ``memcpy`` (or widening loop) per window into a
+reused buffer, with software prefetch of the window ``distance`` windows ahead.
+:func:`tokstream.bench.baselines.c_loop` drives it with the best distance it finds on the
+machine at hand.
 """
 
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-
-from tokstream._types cimport token_t
 from libc.string cimport memcpy
+
+# The eight fixed-width integer dtypes a corpus may be held in.
+ctypedef fused token_t:
+    int8_t
+    int16_t
+    int32_t
+    int64_t
+    uint8_t
+    uint16_t
+    uint32_t
+    uint64_t
 
 cdef extern from *:
     """
@@ -61,39 +71,3 @@ def copy_windows(
                 for j in range(block):
                     windows[i, j] = tokens[start + j]
             next_tokens[i] = tokens[start + block]
-
-
-# ---------------------------------------------------------------------------------------------
-# The device's random-read rate
-
-cdef extern from *:
-    """
-    #if defined(_WIN32)
-    static long long baseline_pread(int fd, char *buffer, size_t nbytes, long long offset) {
-        (void)fd; (void)buffer; (void)nbytes; (void)offset;
-        return -1;
-    }
-    #else
-    #include <unistd.h>
-    static long long baseline_pread(int fd, char *buffer, size_t nbytes, long long offset) {
-        return (long long)pread(fd, buffer, nbytes, (off_t)offset);
-    }
-    #endif
-    """
-    long long baseline_pread(int fd, char *buffer, size_t nbytes, long long offset) noexcept nogil
-
-
-def read_at(int fd, const int64_t[:] offsets, char[::1] buffer):
-    """Read ``len(buffer)`` bytes of ``fd`` at each offset in turn, without the GIL.
-
-    The device-rate baseline of a cold-cache benchmark: run it from many threads at once to keep
-    that many reads in flight. Returns how many reads succeeded in full (``pread`` is POSIX;
-    on Windows every read fails and 0 is returned).
-    """
-    cdef Py_ssize_t i, done = 0
-    cdef size_t nbytes = buffer.shape[0]
-    with nogil:
-        for i in range(offsets.shape[0]):
-            if baseline_pread(fd, &buffer[0], nbytes, offsets[i]) == <long long>nbytes:
-                done += 1
-    return done

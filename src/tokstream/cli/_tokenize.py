@@ -1,0 +1,83 @@
+"""``tokstream tokenize``: encode text into token shards that ``open_tokens(DIR)`` reads."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TextIO
+
+from tokstream import _progress
+from tokstream.cli._common import dtype_name, positive
+from tokstream.formats.writer import STREAMED
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``tokenize`` command to ``commands``."""
+    tokenize = commands.add_parser(
+        "tokenize",
+        help="tokenize text into token shards",
+        description="Encode text, JSON Lines and Parquet documents, each followed by --eos, into "
+        "shards open_tokens(DIR) reads with their documents; the same output whatever --workers; "
+        "run an interrupted command again to finish it. Nothing is downloaded.",
+    )
+    tokenize.add_argument("inputs", nargs="+", metavar="INPUT", help="input files or patterns")
+    tokenize.add_argument(
+        "--tokenizer",
+        required=True,
+        help="a tokenizers JSON file, or a tiktoken encoding in tiktoken's local cache",
+    )
+    tokenize.add_argument("--output", required=True, metavar="DIR", help="output directory")
+    tokenize.add_argument(
+        "--eos",
+        default="<|endoftext|>",
+        metavar="TOKEN",
+        help="token ending each document: its text, or its id (default <|endoftext|>)",
+    )
+    tokenize.add_argument("--no-eos", action="store_true", help="end documents with no token")
+    tokenize.add_argument("--format", choices=STREAMED, default="npy", help="shard format")
+    tokenize.add_argument(
+        "--dtype",
+        type=dtype_name,
+        default=None,
+        help="token dtype (default uint16 when the tokenizer's largest id fits, else 32-bit)",
+    )
+    tokenize.add_argument(
+        "--shard-tokens",
+        type=positive,
+        default=100_000_000,
+        metavar="N",
+        help="most tokens in a shard (default 100,000,000); documents are never split",
+    )
+    tokenize.add_argument("--workers", type=positive, default=1, help="encoding processes")
+    tokenize.add_argument("--text-field", default="text", help="JSON field or Parquet column")
+    tokenize.add_argument(
+        "--document-per-file",
+        action="store_true",
+        help="each text file is one document (default: each nonempty line)",
+    )
+    tokenize.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    tokenize.set_defaults(handler=run, command_parser=tokenize)
+
+
+def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    from tokstream import tokenize
+
+    # isascii: str.isdigit() also holds for digits int() refuses, such as "²".
+    digits = args.eos.isascii() and args.eos.isdigit()
+    eos = None if args.no_eos else int(args.eos) if digits else args.eos
+    progress = _progress.Progress(None if args.quiet else stderr)
+    result = tokenize.tokenize_files(
+        args.inputs,
+        args.tokenizer,
+        args.output,
+        eos=eos,
+        format=args.format,
+        shard_tokens=args.shard_tokens,
+        workers=args.workers,
+        text_field=args.text_field,
+        document_per_file=args.document_per_file,
+        dtype=args.dtype,
+        progress=lambda message, final: progress.update(message, final=final),
+    )
+    progress.done()
+    print(result.summary(), file=stdout)
+    return 0
