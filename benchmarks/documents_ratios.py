@@ -2,8 +2,8 @@
 
 ``python benchmarks/documents_ratios.py [--tokens N] [--rounds R] [--batches K]``
 
-BENCHMARKS.md's corpus (10,000,000 seeded ids below 50257, as uint16 and as int64) cut into
-documents of seeded exponential lengths (mean ``MEAN_DOCUMENT`` tokens) with
+The corpus of docs/benchmarks.md (10,000,000 seeded ids below 50257, as uint16 and as int64)
+cut into documents of seeded exponential lengths (mean ``MEAN_DOCUMENT`` tokens) with
 ``Corpus.from_documents``. Every stream is shuffled with the implicit permutation and yields
 ``targets="shifted"``, so that only the feature differs between the two sides of a ratio:
 

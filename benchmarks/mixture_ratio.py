@@ -1,6 +1,6 @@
 """A mixture's throughput against one corpus of the same shape, in one run.
 
-The corpus of BENCHMARKS.md (``TOKENS`` seeded ids, uint16) is cut into three sources of 50%,
+The corpus of docs/benchmarks.md (``TOKENS`` seeded ids, uint16) is cut into three sources of 50%,
 30% and 20% of its tokens and streamed three ways, shuffled with the implicit permutation:
 
 - ``one corpus``: the whole array, one shard (the plain stream);

@@ -3,9 +3,10 @@
 One group per (corpus dtype, shape, comparison), the feature and its baseline side by side:
 ``extras`` and ``eos`` (targets: at most 1.3x the plain gather's time), ``within`` against
 ``cross`` windows and ``stride=block`` against ``stride=1`` (targets: as fast). The corpus is
-BENCHMARKS.md's, cut into documents (``documents_ratios.documents_corpus``: recorded, or ended
-by an eos token for ``eos``); every stream is shuffled with the implicit permutation and
-yields shifted targets, so only the feature differs. Before timing, each side's first batch is
+the benchmark corpus of docs/benchmarks.md, cut into documents
+(``documents_ratios.documents_corpus``: recorded, or ended by an eos token for ``eos``); every
+stream is shuffled with the implicit permutation and yields shifted targets, so only the
+feature differs. Before timing, each side's first batch is
 checked for its shape and dtype. For ratios measured in one process, run
 ``python benchmarks/documents_ratios.py``.
 """

@@ -1,4 +1,4 @@
-"""A mixture's throughput beside one corpus of the same shape (BENCHMARKS.md: >= 0.9x).
+"""A mixture's throughput beside one corpus of the same shape (target: >= 0.9x, docs/benchmarks.md).
 
 One pytest-benchmark group per shape, holding the three ways of ``mixture_ratio.py``: the
 whole corpus as one shard, its three pieces as one corpus of three shards, and their mixture,
