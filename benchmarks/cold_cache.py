@@ -1,6 +1,6 @@
 """Cold cache: a shuffled stream over a token file that is not in memory, against the device.
 
-BENCHMARKS.md's cold-cache protocol, side by side in one run. For each shape and round, the
+The cold-cache protocol (docs/benchmarks.md), side by side in one run. For each shape and round, the
 file's pages are evicted (``posix_fadvise(POSIX_FADV_DONTNEED)``) before each of:
 
 - the device's rate: reads of one window's bytes at random offsets by ``--threads`` threads of
@@ -10,7 +10,7 @@ file's pages are evicted (``posix_fadvise(POSIX_FADV_DONTNEED)``) before each of
 
 Ratios are to the device's rate of the same round; the table shows medians over the rounds.
 ``--warm`` measures the same streams again with the file in the page cache (read-ahead on and
-off, every BENCHMARKS.md shape): read-ahead must cost nothing there.
+off, every shape of docs/benchmarks.md): read-ahead must cost nothing there.
 
     python benchmarks/cold_cache.py /tmp/tokens.npy --create 2.2     # write 2.2 GB of tokens
     python benchmarks/cold_cache.py /tmp/tokens.npy --rounds 3 --warm

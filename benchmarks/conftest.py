@@ -1,4 +1,4 @@
-"""Corpora and shared machinery of the benchmark suite (BENCHMARKS.md's protocol).
+"""Corpora and shared machinery of the benchmark suite (the protocol of docs/benchmarks.md).
 
 Run the whole suite with ``pytest benchmarks`` (it is outside pyproject's ``testpaths``); add
 ``--benchmark-autosave`` to keep the JSON under ``.benchmarks/`` and ``--benchmark-compare`` to

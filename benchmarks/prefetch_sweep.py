@@ -2,7 +2,7 @@
 
 ``python benchmarks/prefetch_sweep.py [--tokens N] [--dtype int64,uint16] [--rounds R]``
 
-For each of BENCHMARKS.md's shapes, both copy the same number of fresh random windows (about 2M
+For each shape of docs/benchmarks.md, both copy the same number of fresh random windows (about 2M
 tokens a round, new windows every round, one reused output buffer) at each distance of
 ``tokstream.bench.baselines.C_LOOP_DISTANCES``; the best round of each is printed in Mtok/s, with
 the distance ``tokstream._gather.prefetch_distance`` picks for the kernel. The sweep behind that

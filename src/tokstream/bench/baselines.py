@@ -1,4 +1,4 @@
-"""The baselines every tokstream figure is measured against (see BENCHMARKS.md).
+"""The baselines every tokstream figure is measured against (see docs/benchmarks.md).
 
 One module, shared by ``tokstream bench`` and the pytest-benchmark suite, so both time exactly
 the same code. Every path is a function ``path(token_ids, block, batch_size, *, epochs=1,

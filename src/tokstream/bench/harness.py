@@ -1,9 +1,9 @@
 """The benchmark harness behind ``tokstream bench``: measure every path on the same corpus.
 
-BENCHMARKS.md's protocol: every path of :mod:`tokstream.bench.baselines` runs in one process on
-the same corpus; each path's first batch is drawn untimed and checked against the fast path's
-(:func:`tokstream.bench.baselines.check_identical`); the timed rounds then take turns between the
-paths, so the ratios come from the same minutes of the same machine. The results are
+The protocol of docs/benchmarks.md: every path of :mod:`tokstream.bench.baselines` runs in one
+process on the same corpus; each path's first batch is drawn untimed and checked against the fast
+path's (:func:`tokstream.bench.baselines.check_identical`); the timed rounds then take turns
+between the paths, so the ratios come from the same minutes of the same machine. The results are
 :class:`Case` objects, which :mod:`tokstream.bench.report` renders.
 
 Nothing here prints: progress goes to an optional :class:`Progress` object, and expected failures
@@ -25,9 +25,9 @@ import numpy as np
 
 from tokstream.bench import baselines
 
-#: The synthetic corpus: GPT-2's vocabulary size, as in BENCHMARKS.md.
+#: The synthetic corpus: GPT-2's vocabulary size, as in docs/benchmarks.md.
 VOCAB_SIZE = 50257
-#: BENCHMARKS.md's shapes, ``(block, batch_size)``: from many tiny windows to few long ones.
+#: The benchmark's shapes, ``(block, batch_size)``: from many tiny windows to few long ones.
 SHAPES = ((8, 4096), (128, 512), (1024, 64), (1024, 512), (2048, 16))
 #: Token dtypes the synthetic corpus may be held in: every one that holds ids below VOCAB_SIZE.
 SYNTHETIC_DTYPES = ("int64", "uint16", "int32", "uint32", "uint64")

@@ -81,7 +81,7 @@ def bench_table(cases: Sequence[Case], paths: Sequence[str]) -> str:
 
 
 def geometric_mean(values: Sequence[float]) -> float:
-    """The geometric mean (BENCHMARKS.md's summary over shapes).
+    """The geometric mean (docs/benchmarks.md's summary over shapes).
 
     >>> round(geometric_mean([2.0, 8.0]), 6)
     4.0

@@ -23,7 +23,7 @@ from tokstream.cli._common import (
 )
 
 DEFAULT_TOKENS = 10_000_000
-#: BENCHMARKS.md's shapes, int64 and shuffled only: the default run stays well under a minute
+#: The benchmark's shapes, int64 and shuffled only: the default run stays well under a minute
 #: on a 2-core machine. Pass --block/--batch-size for the others.
 DEFAULT_BLOCKS = tuple(block for block, _ in harness.SHAPES)
 DEFAULT_BATCH_SIZES = tuple(batch_size for _, batch_size in harness.SHAPES)
