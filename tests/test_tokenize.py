@@ -241,7 +241,7 @@ def test_the_command_line_tokenizes_and_inspect_reports_documents(
     )
     assert code == 0, stderr
     assert f"{len(TEXTS):,} documents" in stdout and "megatron shards" in stdout
-    assert "tokenize:" in stderr and "shards done" in stderr
+    assert "tokenize:" in stderr and "shards written" in stderr
     assert documents_of(open_tokens(out)) == expected
     code, stdout, stderr = run("inspect", str(out), "--json", "--vocab-size", "100")
     assert code == 0, stderr

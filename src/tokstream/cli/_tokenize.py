@@ -17,7 +17,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="tokenize text into token shards",
         description="Encode text, JSON Lines and Parquet documents, each followed by --eos, into "
         "shards open_tokens(DIR) reads with their documents; the same output whatever --workers; "
-        "run an interrupted command again to finish it. Nothing is downloaded.",
+        "run an interrupted or failed command again to finish it. Nothing is downloaded.",
     )
     tokenize.add_argument("inputs", nargs="+", metavar="INPUT", help="input files or patterns")
     tokenize.add_argument(
@@ -54,6 +54,11 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="each text file is one document (default: each nonempty line)",
     )
+    tokenize.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the output of another tokenization in DIR (never other files)",
+    )
     tokenize.add_argument("--quiet", action="store_true", help="no progress on stderr")
     tokenize.set_defaults(handler=run, command_parser=tokenize)
 
@@ -76,6 +81,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         text_field=args.text_field,
         document_per_file=args.document_per_file,
         dtype=args.dtype,
+        overwrite=args.overwrite,
         progress=lambda message, final: progress.update(message, final=final),
     )
     progress.done()

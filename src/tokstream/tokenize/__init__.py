@@ -6,12 +6,11 @@ tiktoken encoding available locally, appends the end-of-sequence token, and writ
 most ``shard_tokens`` tokens (a longer document gets a shard of its own) into a directory that
 :func:`tokstream.open_tokens` opens with its documents (:mod:`tokstream.formats.tokenized`).
 
-The output depends only on the inputs and the options, never on ``workers``: documents are
-encoded in batches by worker processes but written in input order. Every shard is written under
-a temporary name and renamed into place, and the manifest is rewritten after each shard, so a
-run that is interrupted is finished by running it again: the shards it completed are kept, and
-the documents they hold are skipped, never written twice. Nothing is downloaded: a tiktoken
-encoding must already be in tiktoken's local cache.
+The output depends only on the inputs and the options, never on ``workers`` nor on
+interruptions: documents are encoded in batches by worker processes but written in input order,
+and the directory (:mod:`tokstream.tokenize.output`) records after every batch how far it is
+valid, so a run that is interrupted or killed is finished by running it again, redoing at most
+a batch. Nothing is downloaded: a tiktoken encoding must already be in tiktoken's local cache.
 """
 
 from tokstream.tokenize.job import (

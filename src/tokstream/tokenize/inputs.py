@@ -8,7 +8,6 @@ Parquet row holds one in a text field. One rule for every kind: a document with 
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import os
@@ -50,7 +49,7 @@ def input_kind(path: Path) -> str:
 def read_documents(
     path: Path, text_field: str, document_per_file: bool
 ) -> Iterator[tuple[str, int]]:
-    """The documents of one input, each with the input bytes read so far."""
+    """The documents of one input, each with the bytes of the file read so far."""
     kind = input_kind(path)
     if kind == "parquet":
         yield from _parquet_documents(path, text_field)
@@ -66,34 +65,24 @@ def read_documents(
 def _text_documents(
     path: Path, kind: str, text_field: str, document_per_file: bool
 ) -> Iterator[tuple[str, int]]:
-    with _open_binary(path) as f:
-        if kind == "text" and document_per_file:
-            data = f.read()
-            text = _decode(data, path, 1)
-            if text:
-                yield text, len(data)
-            return
-        done = 0
-        for number, line in enumerate(f, start=1):
-            done += len(line)
-            text = _decode(line, path, number).rstrip("\r\n")
-            if kind == "text":
+    with open(path, "rb") as raw:
+        compressed = path.suffix.lower() == ".gz"
+        f: IO[bytes] = gzip.GzipFile(fileobj=raw) if compressed else raw
+        with f:
+            if kind == "text" and document_per_file:
+                text = _decode(f.read(), path, 1)
+                if text:
+                    yield text, raw.tell()
+                return
+            done = 0
+            for number, line in enumerate(f, start=1):
+                # The bytes of the file read so far: a .gz file's compressed bytes.
+                done = raw.tell() if compressed else done + len(line)
+                text = _decode(line, path, number).rstrip("\r\n")
+                if kind == "jsonl":  # a blank line holds no record
+                    text = _json_text(text, path, number, text_field) if text.strip() else ""
                 if text:
                     yield text, done
-            elif text.strip():
-                document = _json_text(text, path, number, text_field)
-                if document:
-                    yield document, done
-
-
-@contextlib.contextmanager
-def _open_binary(path: Path) -> Iterator[IO[bytes]]:
-    with open(path, "rb") as raw:
-        if path.suffix.lower() == ".gz":
-            with gzip.GzipFile(fileobj=raw) as f:
-                yield f
-        else:
-            yield raw
 
 
 def _decode(data: bytes, path: Path, line: int) -> str:

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate, files
-from tokstream.formats import tokenized
-from tokstream.formats.writer import STREAMED, TokenFileWriter
+from tokstream.formats.writer import STREAMED
 from tokstream.tokenize.encoders import Encoder, encode_batch, start_worker
 from tokstream.tokenize.inputs import expand_inputs, read_documents
+from tokstream.tokenize.output import Output
+from tokstream.tokenize.progress import Meter
 
 FORMATS = STREAMED
 DEFAULT_EOS = "<|endoftext|>"
@@ -26,7 +27,8 @@ DEFAULT_SHARD_TOKENS = 100_000_000
 BATCH_DOCUMENTS = 1000
 BATCH_CHARS = 4 << 20
 
-#: Called with a one-line status, and whether it marks a milestone (a shard written).
+#: Called with a one-line status, and whether it is a milestone: a terminal may show every
+#: status, a log only the milestones (a shard written, or a periodic line).
 Progress = Callable[[str, bool], None]
 
 
@@ -68,9 +70,10 @@ def tokenize_files(
     text_field: str = "text",
     document_per_file: bool = False,
     dtype: Any = None,
+    overwrite: bool = False,
     progress: Progress | None = None,
 ) -> Result:
-    """Tokenize ``inputs`` into shards in the directory ``output``; see the module docstring.
+    """Tokenize ``inputs`` into shards in the directory ``output``; see :mod:`tokstream.tokenize`.
 
     Parameters
     ----------
@@ -96,20 +99,28 @@ def tokenize_files(
     dtype
         The shards' token dtype; by default uint16 when the tokenizer's largest id fits, else
         uint32 (int32 for Megatron). A dtype too narrow for that id is a ValueError.
+    overwrite
+        Replace the output of another tokenization in ``output`` (only a tokenize output: a
+        directory holding other files is refused all the same).
     progress
-        Called after each batch with a one-line status and whether a shard was just written.
+        Called after each batch with a one-line status (share of the input, documents, tokens,
+        shards, rate, ETA) and whether it is a milestone: one at least every
+        :data:`tokstream.tokenize.progress.LOG_SECONDS` and one per shard written.
 
     Raises
     ------
     ValueError
         A bad input (named with its line), an unknown tokenizer or eos, an output directory
-        that holds another job's shards, a document longer than llm.c can count.
+        that holds other files or another job's shards (unless ``overwrite``) or that another
+        run is writing, a document longer than llm.c can count.
     ImportError
         ``tokenizers``, ``tiktoken`` or ``pyarrow`` (for Parquet) missing where needed.
     """
     _validate.choice(format, "format", FORMATS)
     shard_tokens = _validate.positive_int(shard_tokens, "shard_tokens")
     workers = _validate.positive_int(workers, "workers")
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite must be a bool, got {type(overwrite).__name__}")
     paths = expand_inputs(inputs)
     encoder = Encoder(tokenizer)
     eos_id = encoder.eos_id(eos)
@@ -128,37 +139,52 @@ def tokenize_files(
         "text_field": text_field,
         "document_per_file": document_per_file,
     }
-    manifest = _start(output, job)
-    resume = manifest["shards"][-1]["next"] if manifest["shards"] else [0, 0]
-    resumed = sum(s["documents"] for s in manifest["shards"])
-    if manifest["complete"]:
-        return _result(output, manifest, resumed)
-    total_bytes = sum(p.stat().st_size for p in paths)
-    done_bytes = sum(p.stat().st_size for p in paths[: resume[0]])
-    sink = _ShardSink(output, manifest, dtype)
-    with contextlib.ExitStack() as stack:
-        stack.callback(sink.abandon)
-        batches = _batches(paths, text_field, document_per_file, resume)
-        if workers == 1:
-            encoded = (
-                (encode_batch(texts, eos_id, encoder), end, read) for texts, end, read in batches
-            )
-        else:
-            encoded = _in_workers(stack, tokenizer, workers, batches, eos_id)
-        for (flat, lengths), end, read in encoded:
-            shards_before = len(manifest["shards"])
-            sink.add(flat, lengths, end, shard_tokens)
-            if progress is not None:
-                progress(
-                    f"tokenize: {sink.documents:,} documents, {sink.tokens:,} tokens, "
-                    f"{len(manifest['shards'])} shards done, "
-                    f"{(done_bytes + read) / max(total_bytes, 1):.0%} of the input",
-                    len(manifest["shards"]) > shards_before,
+    out = Output.claim(output, job, overwrite)
+    try:
+        if not out.complete:
+            _run(out, paths, tokenizer, encoder, eos_id, shard_tokens, workers, job, progress)
+        return _result(out)
+    finally:
+        out.release()
+
+
+def _run(
+    out: Output,
+    paths: list[Path],
+    tokenizer: str,
+    encoder: Encoder,
+    eos_id: int | None,
+    shard_tokens: int,
+    workers: int,
+    job: dict[str, Any],
+    progress: Progress | None,
+) -> None:
+    sizes = [p.stat().st_size for p in paths]
+    before = [sum(sizes[:i]) for i in range(len(paths))]
+    meter = Meter(progress, sum(sizes))
+    try:
+        with contextlib.ExitStack() as stack:
+            batches = _batches(paths, job["text_field"], job["document_per_file"], out.position)
+            if workers == 1:
+                encoded = (
+                    (encode_batch(texts, eos_id, encoder), end, read)
+                    for texts, end, read in batches
                 )
-        sink.finish()
-    manifest["complete"] = True
-    tokenized.save(output, manifest)
-    return _result(output, manifest, resumed)
+            else:
+                encoded = _in_workers(stack, tokenizer, workers, batches, eos_id)
+            end = out.position
+            for (flat, lengths), end, read in encoded:
+                shards_before = len(out.manifest["shards"])
+                out.add(flat, lengths, end, shard_tokens)
+                out.checkpoint(end)
+                shards = len(out.manifest["shards"])
+                meter.update(
+                    before[end[0]] + read, out.documents, out.tokens, shards, shards > shards_before
+                )
+            out.finish(end)
+    except Exception as error:
+        out.fail(error)
+        raise
 
 
 def _input_identity(path: Path) -> dict[str, Any]:
@@ -166,47 +192,16 @@ def _input_identity(path: Path) -> dict[str, Any]:
     return {"path": os.fspath(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
-def _start(output: Path, job: dict[str, Any]) -> dict[str, Any]:
-    """The manifest to continue: a new one, or the one of an interrupted run of the same job."""
-    if output.exists() and not output.is_dir():
-        raise ValueError(f"output {output} exists and is not a directory")
-    output.mkdir(parents=True, exist_ok=True)
-    for stale in output.glob(".*.tmp"):  # left behind by a run that was killed
-        stale.unlink()
-    if tokenized.is_directory(output):
-        manifest = tokenized.load(output)
-        if manifest.get("job") != job:
-            changed = sorted(k for k in job if (manifest.get("job") or {}).get(k) != job[k])
-            raise ValueError(
-                f"output {output} holds the shards of another tokenization (it differs in "
-                f"{', '.join(changed) or 'its record'}); choose another --output or remove it"
-            )
-        return manifest
-    if any(output.iterdir()):
-        raise ValueError(f"output {output} is not empty; tokenize into a new directory")
-    manifest = {
-        "kind": tokenized.KIND,
-        "version": tokenized.VERSION,
-        "format": job["format"],
-        "dtype": job["dtype"],
-        "complete": False,
-        "job": job,
-        "shards": [],
-    }
-    tokenized.save(output, manifest)
-    return manifest
-
-
-def _result(output: Path, manifest: dict[str, Any], resumed: int) -> Result:
-    shards = manifest["shards"]
+def _result(out: Output) -> Result:
+    shards = out.manifest["shards"]
     return Result(
-        output=output,
+        output=out.directory,
         shards=len(shards),
         documents=sum(s["documents"] for s in shards),
         tokens=sum(s["tokens"] for s in shards),
-        resumed_documents=resumed,
-        dtype=manifest["dtype"],
-        format=manifest["format"],
+        resumed_documents=out.resumed_documents,
+        dtype=out.manifest["dtype"],
+        format=out.manifest["format"],
     )
 
 
@@ -265,80 +260,3 @@ def _in_workers(
             yield future.result(), end, read
     for future, end, read in pending:
         yield future.result(), end, read
-
-
-class _ShardSink:
-    """Documents in, shards out: opens, fills and closes shards, and records them."""
-
-    def __init__(self, output: Path, manifest: dict[str, Any], dtype: np.dtype) -> None:
-        self.output = output
-        self.manifest = manifest
-        self.format = manifest["format"]
-        self.dtype = dtype
-        self.writer: TokenFileWriter | None = None
-        self.lengths: list[np.ndarray] = []
-        self.count = 0
-        self.documents = sum(s["documents"] for s in manifest["shards"])
-        self.tokens = sum(s["tokens"] for s in manifest["shards"])
-
-    def add(self, flat: np.ndarray, lengths: np.ndarray, end: list[int], limit: int) -> None:
-        """Append one batch of documents (all from input ``end[0]``, the last one numbered
-        ``end[1]``); a shard closes before a document that would take it past ``limit``."""
-        if flat.shape[0] and (int(flat.min()) < 0 or int(flat.max()) > np.iinfo(self.dtype).max):
-            raise ValueError(f"the tokenizer produced ids outside {self.dtype}")
-        starts = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=starts[1:])
-        first = 0
-        for i, length in enumerate(lengths.tolist()):
-            pending = self.count + int(starts[i] - starts[first])
-            if pending and pending + length > limit:
-                self._write(flat[starts[first] : starts[i]], lengths[first:i])
-                self._close([end[0], end[1] - lengths.shape[0] + i])
-                first = i
-        self._write(flat[starts[first] :], lengths[first:])
-        self.next = end
-
-    def _write(self, flat: np.ndarray, lengths: np.ndarray) -> None:
-        if lengths.shape[0] == 0:
-            return
-        if self.writer is None:
-            index = len(self.manifest["shards"])
-            path = self.output / tokenized.shard_file(index, self.format)
-            self.writer = TokenFileWriter(path, self.format, self.dtype).__enter__()
-        self.writer.write(flat)
-        self.lengths.append(lengths)
-        self.count += int(flat.shape[0])
-        self.documents += int(lengths.shape[0])
-        self.tokens += int(flat.shape[0])
-
-    def _close(self, end_of_previous: list[int]) -> None:
-        assert self.writer is not None
-        index = len(self.manifest["shards"])
-        lengths = np.concatenate(self.lengths)
-        offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        self.writer.document_offsets = offsets
-        writer, self.writer = self.writer, None
-        writer.__exit__(None, None, None)
-        if self.format != "megatron":
-            files.write_tokens(
-                self.output / tokenized.documents_file(index),
-                offsets,
-                format="npy",
-                dtype=np.int64,
-            )
-        self.manifest["shards"].append(
-            {"tokens": self.count, "documents": int(lengths.shape[0]), "next": end_of_previous}
-        )
-        tokenized.save(self.output, self.manifest)
-        self.lengths, self.count = [], 0
-
-    def finish(self) -> None:
-        if self.writer is not None:
-            self._close(self.next)
-
-    def abandon(self) -> None:
-        """Remove the shard being written (after an error; a finished run has none)."""
-        if self.writer is not None:
-            writer, self.writer = self.writer, None
-            writer.__exit__(RuntimeError, RuntimeError("abandoned"), None)
