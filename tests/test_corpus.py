@@ -7,6 +7,10 @@ The contract: integer shards are referenced, not copied, unless they are byte-sw
 
 from __future__ import annotations
 
+import pickle
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -131,3 +135,103 @@ def test_the_gather_reads_every_shard_alike_with_few_or_many_shards(num_shards):
     shards = [rng.integers(0, 1000, int(rng.integers(3, 40))) for _ in range(num_shards)]
     stream = stream_token_source(Corpus(shards), 2, 16, epochs=2, seed=1)
     assert_same_batches(stream, sharded_oracle_batches(shards, 2, 16, 2, True, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# What a stream's bounds come from
+
+
+def _bounds_arrays(corpus):
+    return {
+        "lengths": corpus.lengths,
+        "document_boundaries": corpus.document_boundaries,
+        "shard_starts": corpus.shard_starts,
+        "document_lengths": corpus.document_lengths,
+    }
+
+
+@pytest.mark.parametrize("pickled", [False, True], ids=["made", "unpickled"])
+def test_the_arrays_a_stream_is_bounded_by_cannot_be_made_writeable(pickled):
+    corpus = Corpus([np.arange(30), np.arange(20)])
+    corpus = Corpus._from_arrays(
+        list(corpus.shards), ["a", "b"], "shards", [np.array([0, 10, 30]), None]
+    )
+    if pickled:
+        corpus = pickle.loads(pickle.dumps(corpus))
+    for name in ("lengths", "document_boundaries"):
+        array = getattr(corpus, name)
+        # Neither the array nor anything it is a view of can be made writeable.
+        while isinstance(array, np.ndarray):
+            with pytest.raises(ValueError, match="WRITEABLE"):
+                array.setflags(write=True)
+            array = array.base
+    # The arrays computed from them are the caller's own copies: editing one changes nothing.
+    for array in _bounds_arrays(corpus).values():
+        if array.flags.writeable:
+            array[...] = 10**12
+    assert corpus.lengths.tolist() == [30, 20]
+    assert corpus.document_boundaries.tolist() == [0, 10, 30, 50]
+
+
+# A caller's worst: every array the corpus hands out edited to point far outside the shards,
+# every public attribute of a corpus, a mixture and a stream reassigned. In a child process,
+# since a kernel reading out of bounds ends it with SIGSEGV.
+_HOSTILE_EDITS = """
+import numpy as np
+from tokstream import Corpus, mix, stream_token_source
+
+def edit(array):
+    try:
+        array.setflags(write=True)
+    except ValueError:
+        return
+    array[...] = 2**40
+
+shards = [np.arange(2000, dtype=np.uint16), np.arange(3000, dtype=np.uint16)]
+corpus = Corpus._from_arrays(shards, ["a", "b"], "s", [np.array([0, 700, 2000]), None])
+
+def first_columns(windows):
+    stream = stream_token_source(corpus, 64, 32, windows=windows, shuffle=False)
+    return [b[0].copy() for b in stream]
+
+expected = {windows: first_columns(windows) for windows in ("cross", "within")}
+for array in (corpus.lengths, corpus.document_boundaries, corpus.shard_starts):
+    edit(array)
+for name in ("lengths", "document_boundaries", "shards", "dtype", "num_tokens"):
+    try:
+        setattr(corpus, name, np.array([10**9]))
+    except AttributeError:
+        pass
+for windows in ("cross", "within"):
+    got = first_columns(windows)
+    assert len(got) == len(expected[windows]), windows
+    assert all(np.array_equal(g, e) for g, e in zip(got, expected[windows])), windows
+
+stream = stream_token_source(corpus, 64, 32, shuffle=False)
+for name in ("block", "batch_size", "stride", "corpus", "num_windows", "options"):
+    try:
+        setattr(stream, name, 10**9)
+    except AttributeError:
+        pass
+assert all(np.array_equal(b[0], e) for b, e in zip(stream, expected["cross"]))
+
+mixture = mix({"a": corpus, "b": np.arange(500, dtype=np.uint16)}, {"a": 1, "b": 1})
+mixture.corpus = Corpus([np.arange(100, dtype=np.uint16)])
+mixture.sources = {"a": Corpus([np.arange(10**6, dtype=np.uint16)])}
+mixture.weights = {"a": 1.0}
+for array in (mixture.corpus.lengths, mixture.corpus.document_boundaries):
+    edit(array)
+try:
+    for windows, _ in stream_token_source(mixture, 8, 16, epochs=3):
+        assert windows.max() < 100
+except ValueError:
+    pass
+print("ok")
+"""
+
+
+def test_no_edit_a_caller_can_make_lets_a_stream_read_outside_the_shards():
+    done = subprocess.run(
+        [sys.executable, "-c", _HOSTILE_EDITS], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -138,11 +138,12 @@ class Corpus:
         boundaries = np.concatenate(
             [s + base for s, base in zip(starts, shard_starts, strict=True)] + [total]
         )
+        first_documents = np.zeros(len(arrays), dtype=np.int64)
+        np.cumsum([len(s) for s in starts[:-1]], out=first_documents[1:])
         self._shards: tuple[np.ndarray, ...] = tuple(arrays)
-        self._lengths = _read_only(lengths)
-        self._shard_first_document = np.zeros(len(arrays), dtype=np.int64)
-        np.cumsum([len(s) for s in starts[:-1]], out=self._shard_first_document[1:])
-        self._document_boundaries = _read_only(boundaries)
+        self._lengths = frozen(lengths)
+        self._shard_first_document = frozen(first_documents)
+        self._document_boundaries = frozen(boundaries)
         self._has_documents = any(offsets is not None for offsets in document_offsets)
 
     @classmethod
@@ -205,9 +206,11 @@ class Corpus:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         shards = state["_shards"] = tuple(np.asarray(shard) for shard in state["_shards"])
-        arrays = [value for value in state.values() if isinstance(value, np.ndarray)]
-        for array in (*shards, *arrays):
-            array.flags.writeable = False  # unpickled arrays come back writeable
+        for shard in shards:
+            shard.flags.writeable = False  # unpickled arrays come back writeable
+        for key, value in state.items():
+            if isinstance(value, np.ndarray):
+                state[key] = frozen(value)
         self.__dict__.update(state)
 
     def window_offsets(self, block: int, stride: int = 1) -> np.ndarray:
@@ -321,6 +324,18 @@ def _cumulative(counts: np.ndarray) -> np.ndarray:
 def _read_only(array: np.ndarray) -> np.ndarray:
     array.setflags(write=False)
     return array
+
+
+def frozen(array: np.ndarray) -> np.ndarray:
+    """A read-only copy of ``array`` that nothing can make writeable again.
+
+    A flag alone is no protection: ``setflags(write=True)`` undoes it on any array that owns
+    its memory (or whose base does). The copy's memory is an immutable ``bytes`` object, so
+    NumPy refuses to make it, or any view of it, writeable. For the arrays the kernel's bounds
+    are computed from.
+    """
+    array = np.ascontiguousarray(array)
+    return np.frombuffer(array.tobytes(), dtype=array.dtype).reshape(array.shape)
 
 
 def _same_dtype_arrays(documents: Sequence[Any]) -> list[np.ndarray] | None:
