@@ -355,9 +355,11 @@ def _document_starts(offsets: np.ndarray | None, length: int, name: str) -> np.n
     if offsets is None:
         return np.zeros(1, dtype=np.int64)
     offsets = np.asarray(offsets)
-    if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or offsets.shape[0] < 2:
+    # A lone [0] is an empty shard of no documents (Megatron's index of an empty partition, an
+    # Arrow record batch of no rows).
+    if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or offsets.shape[0] < 1:
         raise ValueError(
-            f"{name}: document boundaries must be a 1-D integer array of at least 2 offsets, "
+            f"{name}: document boundaries must be a 1-D integer array of at least 1 offset, "
             f"got shape {offsets.shape} and dtype {offsets.dtype}"
         )
     offsets = offsets.astype(np.int64)

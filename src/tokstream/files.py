@@ -58,17 +58,20 @@ class FileFormat:
     header_bytes: int
     #: Whether the format records document boundaries.
     documents: bool
+    #: Whether its tokens are little-endian whatever the machine (the header says so): a
+    #: big-endian ``dtype`` is refused rather than written under that header.
+    little_endian: bool
 
 
 #: Every format, by name, in the order messages list them.
 FORMAT_TABLE = {
     spec.name: spec
     for spec in (
-        FileFormat("npy", ".npy", npy.HEADER_BYTES, False),
-        FileFormat("bin", ".bin", 0, False),
-        FileFormat("llmc", None, llmc.HEADER_BYTES, False),
-        FileFormat("megatron", None, 0, True),
-        FileFormat("arrow", ".arrow", 0, True),
+        FileFormat("npy", ".npy", npy.HEADER_BYTES, False, False),
+        FileFormat("bin", ".bin", 0, False, False),
+        FileFormat("llmc", None, llmc.HEADER_BYTES, False, True),
+        FileFormat("megatron", None, 0, True, True),
+        FileFormat("arrow", ".arrow", 0, True, True),
     )
 }
 FORMATS = tuple(FORMAT_TABLE)
@@ -108,6 +111,9 @@ def detect_format(path: PathLike) -> str:
             return tokenized.load(path)["format"]
         if (path / arrow.STATE_FILE).is_file() or (path / arrow.DATASET_DICT_FILE).is_file():
             return "arrow"
+        if megatron.is_index(megatron.paths(path)[0]):
+            # Megatron-core keeps its index cache in PREFIX/cache/ beside PREFIX.bin/.idx.
+            return "megatron"
         raise ValueError(
             f"token file {path} is a directory (neither a `tokstream tokenize` output nor a "
             f"save_to_disk dataset); pass a pattern such as '{path}/*.bin'"
@@ -207,14 +213,18 @@ def _corpus(shards: list[Shard], want: np.dtype | None, name: str) -> Corpus:
 def expand_pattern(spec: PathLike) -> list[Path]:
     """``spec`` as one path, or a pattern's matches in sorted order.
 
-    A path that exists is never a pattern; anything else holding ``*``, ``?`` or ``[`` is one,
-    and a pattern that matches nothing is a ValueError (never an empty corpus). The two files
-    of a Megatron dataset (a ``.bin`` beside an ``.idx`` that starts with the index magic)
-    count once, as the first of them.
+    A path that exists (or a Megatron prefix) is never a pattern; anything else holding ``*``,
+    ``?`` or ``[`` is one, and a pattern that matches nothing is a ValueError (never an empty
+    corpus). The two files of a Megatron dataset (a ``.bin`` beside an ``.idx`` that starts
+    with the index magic) count once, as the first of them; the document offsets files of a
+    ``tokstream tokenize`` directory (``shard_*.documents.npy``) are not token files and are
+    left out.
     """
     text = os.fspath(spec)
-    if os.path.exists(text) or not GLOB_CHARS & set(text):
+    if not GLOB_CHARS & set(text) or os.path.exists(text):
         return [Path(spec)]
+    if megatron.is_index(megatron.paths(text)[0]):
+        return [Path(spec)]  # a Megatron prefix (its files exist, not the name itself)
     matches = sorted(glob.glob(text))
     if not matches:
         raise ValueError(f"token file pattern {text!r} matched no files")
@@ -226,7 +236,14 @@ def expand_pattern(spec: PathLike) -> list[Path]:
             if index in seen:
                 continue
             seen.add(index)
+        elif tokenized.is_documents_file(Path(match)):
+            continue
         paths.append(Path(match))
+    if not paths:
+        raise ValueError(
+            f"token file pattern {text!r} matched only the document offsets of a `tokstream "
+            "tokenize` directory; open the directory itself"
+        )
     return paths
 
 
@@ -387,6 +404,13 @@ def stored_dtype(low: int, high: int, format: str, dtype: Any) -> np.dtype:
     """The dtype to store ids in ``[low, high]`` as ``format``: ``dtype``, checked, or a pick."""
     if dtype is not None:
         stored = _validate.integer_dtype(dtype, "dtype")
+        if FORMAT_TABLE[format].little_endian:
+            if stored.newbyteorder("<") != stored:
+                raise ValueError(
+                    f"format={format!r} stores little-endian tokens, got the big-endian "
+                    f"dtype={stored.str!r}; pass dtype={stored.name!r}"
+                )
+            stored = stored.newbyteorder("<")
         if format == "llmc" and llmc.kind_for(stored) is None:
             raise ValueError(f"format='llmc' stores uint16 or uint32 tokens, got dtype={stored}")
         if format == "megatron":

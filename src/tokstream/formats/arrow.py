@@ -178,8 +178,10 @@ def _batches_to_shards(
         for i, batch in enumerate(batches)
     ]
     if not shards:
+        # No rows: no tokens, and for a column of lists no documents either.
         empty = map_tokens(Path(), np.dtype(token_type.to_pandas_dtype()), 0, 0)
-        return [Shard(empty, None, where)]
+        lists = not require().types.is_integer(schema.field(column).type)
+        return [Shard(empty, np.zeros(1, np.int64) if lists else None, where)]
     return shards
 
 

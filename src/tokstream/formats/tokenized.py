@@ -38,6 +38,14 @@ def is_directory(path: Path) -> bool:
     return (path / MANIFEST).is_file()
 
 
+def is_documents_file(path: Path) -> bool:
+    """Whether ``path`` is the document offsets of a shard in a tokenize directory."""
+    digits = path.name[len("shard_") : -len(".documents.npy")]
+    return (
+        digits.isdigit() and path.name == documents_file(int(digits)) and is_directory(path.parent)
+    )
+
+
 def load(path: Path) -> dict[str, Any]:
     """The manifest of the directory ``path``; ValueError naming it when it is not one of ours."""
     manifest_path = path / MANIFEST

@@ -1,0 +1,159 @@
+"""Token files as other tools leave them: byte orders, empty partitions, caches, names, pickles.
+
+Each file is written as its project writes it (Megatron's index layout, pyarrow's own writer,
+``np.memmap``, ``datasets``), never by tokstream's writer alone.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.test_formats import documents_of, write_megatron
+from tokstream import Corpus, cli, open_tokens, stream_token_source, write_tokens
+
+# ---------------------------------------------------------------------------------------------
+# Byte order: the formats whose header says little-endian
+
+
+@pytest.mark.parametrize("format", ["llmc", "megatron", "arrow"])
+@pytest.mark.parametrize("dtype", [">u2", ">i4", np.dtype(np.uint16).newbyteorder(">")])
+def test_a_big_endian_dtype_for_a_little_endian_format_is_refused_naming_dtype(
+    tmp_path, format, dtype
+):
+    if format == "arrow":
+        pytest.importorskip("pyarrow")
+    if format == "llmc" and np.dtype(dtype).kind == "i":
+        dtype = ">u4"
+    with pytest.raises(ValueError, match="dtype='>"):
+        write_tokens(tmp_path / "out.bin", np.array([1, 2, 3]), format=format, dtype=dtype)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("format", ["llmc", "megatron"])
+@pytest.mark.parametrize("dtype", ["<u2", "=u2", "uint16"])
+def test_a_little_endian_or_native_dtype_writes_the_ids_themselves(tmp_path, format, dtype):
+    path = write_tokens(tmp_path / "out.bin", np.array([1, 256, 65535]), format=format, dtype=dtype)
+    assert open_tokens(path).shards[0].tolist() == [1, 256, 65535]
+
+
+def test_convert_with_a_big_endian_dtype_to_llmc_is_one_line_naming_dtype(tmp_path):
+    source = write_tokens(tmp_path / "in.npy", np.array([1, 2, 3], dtype=np.uint16))
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = cli.main(
+        ["convert", str(source), str(tmp_path / "out.bin"), "--format", "llmc", "--dtype", ">u2"],
+        stdout=stdout,
+        stderr=stderr,
+    )
+    assert code == 1 and "dtype='>u2'" in stderr.getvalue()
+    assert "Traceback" not in stderr.getvalue() and not (tmp_path / "out.bin").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Shards without documents
+
+
+def write_empty_megatron(prefix: Path) -> Path:
+    """Megatron's files for an empty partition, as its ``_IndexWriter.write`` lays out no
+    sequence lengths, no pointers and the document indices ``[0]``, and an empty ``.bin``."""
+    Path(f"{prefix}.bin").write_bytes(b"")
+    header = b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", 8)
+    Path(f"{prefix}.idx").write_bytes(header + struct.pack("<QQ", 0, 1) + struct.pack("<q", 0))
+    return prefix
+
+
+def test_megatrons_index_of_an_empty_partition_is_an_empty_shard_without_documents(tmp_path):
+    prefix = write_empty_megatron(tmp_path / "part_00001_text_document")
+    assert Path(f"{prefix}.idx").read_bytes()[-8:] == struct.pack("<q", 0)
+    corpus = open_tokens(prefix)
+    assert corpus.num_tokens == 0 and corpus.document_lengths.tolist() == []
+    assert corpus.has_documents and corpus.shard_documents(0).tolist() == [0]
+
+
+def test_an_empty_partition_in_a_glob_leaves_the_others_readable(tmp_path):
+    write_megatron(tmp_path / "part_0_text_document", [[1, 2, 3], [4, 5]])
+    write_empty_megatron(tmp_path / "part_1_text_document")
+    write_megatron(tmp_path / "part_2_text_document", [[6, 7, 8, 9]])
+    corpus = open_tokens(tmp_path / "part_*")
+    assert [len(s) for s in corpus.shards] == [5, 0, 4]
+    assert documents_of(corpus) == [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    for windows in ("cross", "within"):
+        batches = list(stream_token_source(corpus, 2, 8, shuffle=False, windows=windows))
+        assert sum(len(b[0]) for b in batches) == (5 if windows == "cross" else 3)
+
+
+def test_a_corpus_without_documents_writes_megatrons_empty_partition_and_reads_back(tmp_path):
+    corpus = Corpus._from_arrays([np.empty(0, np.uint16)], ["e"], "e", [np.array([0])])
+    prefix = write_tokens(tmp_path / "empty_text_document", corpus, format="megatron")
+    write_empty_megatron(tmp_path / "reference")
+    for suffix in (".idx", ".bin"):
+        written = Path(f"{prefix}{suffix}").read_bytes()
+        assert written == Path(f"{tmp_path / 'reference'}{suffix}").read_bytes()
+    assert open_tokens(prefix).document_lengths.tolist() == []
+
+
+def test_a_zero_row_arrow_record_batch_is_an_empty_shard(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    schema = pa.schema([("input_ids", pa.list_(pa.uint16()))])
+    batches = [
+        pa.record_batch([pa.array([[1, 2, 3], [4]], pa.list_(pa.uint16()))], schema=schema),
+        pa.record_batch([pa.array([], pa.list_(pa.uint16()))], schema=schema),
+        pa.record_batch([pa.array([[5, 6]], pa.list_(pa.uint16()))], schema=schema),
+    ]
+    path = tmp_path / "data.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    corpus = open_tokens(path)
+    assert [len(s) for s in corpus.shards] == [4, 0, 2]
+    assert documents_of(corpus) == [[1, 2, 3], [4], [5, 6]]
+    # Written back, the empty shard is a zero-row batch of the single one: documents kept.
+    again = open_tokens(write_tokens(tmp_path / "again.arrow", corpus, format="arrow"))
+    assert documents_of(again) == [[1, 2, 3], [4], [5, 6]]
+    table = pa.Table.from_batches(batches)
+    assert documents_of(open_tokens(table)) == [[1, 2, 3], [4], [5, 6]]
+    empty = pa.Table.from_batches([batches[1]])
+    assert open_tokens(empty).document_lengths.tolist() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Names: globs and prefixes
+
+
+def test_a_glob_over_a_tokenize_directory_takes_the_shards_not_their_document_offsets(tmp_path):
+    from tokstream.formats import tokenized
+
+    directory = tmp_path / "tokens"
+    directory.mkdir()
+    for index, documents in enumerate([[[1, 2, 3], [4]], [[5, 6]]]):
+        tokens = np.concatenate([np.array(d, np.uint16) for d in documents])
+        write_tokens(directory / tokenized.shard_file(index, "npy"), tokens)
+        offsets = np.cumsum([0] + [len(d) for d in documents]).astype(np.int64)
+        np.save(directory / tokenized.documents_file(index), offsets)
+    (directory / tokenized.MANIFEST).write_text("{}")
+    corpus = open_tokens(f"{directory}/shard_*.npy")
+    assert [s.tolist() for s in corpus.shards] == [[1, 2, 3, 4], [5, 6]]
+    with pytest.raises(ValueError, match="document offsets"):
+        open_tokens(f"{directory}/*.documents.npy")
+
+
+def test_a_megatron_prefix_with_glob_characters_is_a_prefix(tmp_path):
+    prefix = write_megatron(tmp_path / "corpus[v2]_text_document", [[1, 2, 3], [4, 5]])
+    write_megatron(tmp_path / "corpusv_text_document", [[9, 9]])  # what the glob would match
+    for name in (str(prefix), f"{prefix}.bin", f"{prefix}.idx"):
+        assert documents_of(open_tokens(name)) == [[1, 2, 3], [4, 5]]
+
+
+def test_a_megatron_prefix_beside_megatrons_index_cache_directory_opens(tmp_path):
+    prefix = write_megatron(tmp_path / "corpus_text_document", [[1, 2, 3], [4, 5]])
+    # What Megatron-core's GPTDataset makes when no path_to_cache is configured.
+    cache = prefix / "cache" / "GPTDataset_indices"
+    cache.mkdir(parents=True)
+    (cache / "abc-GPTDataset-train-document_index.npy").write_bytes(b"\x93NUMPY")
+    assert documents_of(open_tokens(prefix)) == [[1, 2, 3], [4, 5]]
+    code = cli.main(["inspect", str(prefix), "--quiet"], stdout=io.StringIO(), stderr=io.StringIO())
+    assert code == 0
