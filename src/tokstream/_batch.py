@@ -47,6 +47,8 @@ def new_buffers(options: StreamOptions, rows: int) -> dict[str, np.ndarray]:
         # Filled by the document kernel: one flag per label.
         width = 1 if options.targets == "next" else block
         buffers["label_continues"] = np.empty((rows, width), np.uint8)
+    if "document_ids" in options.extras:
+        buffers["document_ids"] = np.empty((rows, block), np.int32)
     if "source" in options.extras:
         buffers["source"] = np.empty(rows, np.int64)
     return buffers
@@ -130,6 +132,8 @@ def fill(
         buffers["source"][:] = np.searchsorted(source_offsets, windows_index, side="right") - 1
     labels = buffers["labels"]
     next_tokens, targets = (labels, None) if labels.ndim == 1 else (None, labels)
+    # Only a packed stream's space takes document ids (only packed streams may ask for them).
+    document_ids = {"document_ids": buffers["document_ids"]} if "document_ids" in buffers else {}
     gather(
         windows_index,
         buffers["input_ids"],
@@ -137,6 +141,7 @@ def fill(
         targets,
         buffers.get("position_ids"),
         buffers.get("label_continues"),
+        **document_ids,
     )
 
 
@@ -147,6 +152,8 @@ def assemble(buffers: dict[str, np.ndarray], extras: tuple[str, ...]) -> Batch:
     batch: dict[str, Any] = {"input_ids": buffers["input_ids"], "labels": buffers["labels"]}
     if "source" in extras:
         batch["source"] = buffers["source"]
+    if "document_ids" in extras:
+        batch["document_ids"] = buffers["document_ids"]
     positions = buffers.get("position_ids")
     if "position_ids" in extras:
         batch["position_ids"] = positions

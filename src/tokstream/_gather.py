@@ -16,7 +16,7 @@ import numpy as np
 from tokstream._advice import advise_windows
 from tokstream._documents import gather_documents, segment_token_starts
 from tokstream._options import StreamOptions
-from tokstream._validate import INT64_MAX, INT64_MIN
+from tokstream._validate import token_id
 from tokstream._windows import gather_segments, gather_windows
 from tokstream.corpus import (
     Corpus,
@@ -287,15 +287,7 @@ class WindowGather:
 def window_space(corpus: Corpus, options: StreamOptions) -> WindowGather:
     """The corpus' windows for ``options``: stride, window policy and document boundaries."""
     if options.eos is not None:
-        # Token ids are int64 values whatever the dtype (uint64 ones past 2**63 - 1 are refused
-        # when the corpus is made), so an eos outside both ranges could never end a document.
-        info = np.iinfo(corpus.dtype)
-        low, high = max(int(info.min), INT64_MIN), min(int(info.max), INT64_MAX)
-        if not low <= options.eos <= high:
-            raise ValueError(
-                f"eos must be a token id of the corpus dtype {corpus.dtype} "
-                f"([{low}, {high}]), got {options.eos}"
-            )
+        token_id(options.eos, corpus.dtype, "eos")
     boundaries = None
     if options.windows == "within":
         boundaries = (

@@ -25,8 +25,9 @@ from tokstream._validate import (
 
 TARGETS = ("next", "shifted")
 PERMUTATIONS = ("materialized", "implicit")
-WINDOW_POLICIES = ("cross", "within")
+WINDOW_POLICIES = ("cross", "within", "packed")
 DOCUMENT_EXTRAS = ("position_ids", "loss_mask", "cu_seqlens")
+PACKED_EXTRAS = ("document_ids",)
 MIXTURE_EXTRAS = ("source",)
 
 
@@ -57,6 +58,7 @@ class StreamOptions:
     windows: str = "cross"
     extras: tuple[str, ...] = ()
     samples: int | None = None
+    pad: int | None = None
 
     @classmethod
     def create(
@@ -83,7 +85,16 @@ class StreamOptions:
         block, batch_size, epochs, shuffle, seed = stream_controls(
             block, batch_size, values["epochs"], values["shuffle"], values["seed"]
         )
-        targets = choice(values["targets"], "targets", TARGETS)
+        windows = choice(values["windows"], "windows", WINDOW_POLICIES)
+        packed = windows == "packed"
+        # Packed rows are labelled by their shifted tokens: the default becomes "shifted".
+        targets = "shifted" if packed and "targets" not in options else values["targets"]
+        targets = choice(targets, "targets", TARGETS)
+        if packed and targets == "next":
+            raise ValueError(
+                "targets='next' is not available with windows='packed': a packed row's labels "
+                "are its tokens shifted by one (targets='shifted', the default there)"
+            )
         world_size = positive_int(values["world_size"], "world_size")
         rank = nonnegative_int(values["rank"], "rank")
         if rank >= world_size:
@@ -91,8 +102,21 @@ class StreamOptions:
         drop_last = exact_bool(values["drop_last"], "drop_last")
         stride = positive_int(values["stride"], "stride")
         eos = None if values["eos"] is None else exact_int(values["eos"], "eos")
-        windows = choice(values["windows"], "windows", WINDOW_POLICIES)
-        extras = names_from(values["extras"], "extras", allowed_extras + MIXTURE_EXTRAS)
+        extras = names_from(
+            values["extras"], "extras", allowed_extras + MIXTURE_EXTRAS + PACKED_EXTRAS
+        )
+        pad = None if values["pad"] is None else exact_int(values["pad"], "pad")
+        if packed:
+            pad = _packed_checks(pad, eos, stride, mixture, values["permutation"])
+            # A packed batch always carries its loss mask.
+            extras = tuple(dict.fromkeys(("loss_mask", *extras)))
+        else:
+            for what, given in {
+                "pad": pad is not None,
+                "extras 'document_ids'": "document_ids" in extras,
+            }.items():
+                if given:
+                    raise ValueError(f"{what} needs windows='packed'")
         if "cu_seqlens" in extras and batch_size * block > INT32_MAX:
             raise ValueError(
                 "extras 'cu_seqlens' are int32 offsets into the flattened batch (flash-attention's "
@@ -136,6 +160,7 @@ class StreamOptions:
             windows=windows,
             extras=extras,
             samples=samples,
+            pad=pad,
         )
 
     @property
@@ -154,6 +179,30 @@ class StreamOptions:
     def global_batch_size(self) -> int:
         """Windows per global step, all ranks together: what an elastic resume must keep."""
         return self.world_size * self.batch_size
+
+
+def _packed_checks(
+    pad: int | None, eos: int | None, stride: int, mixture: bool, permutation: Any
+) -> int:
+    """The rules of ``windows="packed"``; returns the padding token (``pad``, else ``eos``)."""
+    if stride != 1:
+        raise ValueError(
+            f"stride={shown(stride)} does not apply to windows='packed': packed rows hold whole "
+            "documents, and cut longer ones every block tokens"
+        )
+    if mixture:
+        raise ValueError("windows='packed' is not available for a tokstream.mix() mixture yet")
+    if permutation == "materialized":
+        raise ValueError(
+            "permutation='materialized' is not available with windows='packed': packed epochs "
+            "are ordered by keyed permutations of their groups (permutation='implicit' or None)"
+        )
+    if pad is None and eos is None:
+        raise ValueError(
+            "windows='packed' needs pad=, the token id written into the padding slots of a row "
+            "(it defaults to eos= when that is given)"
+        )
+    return eos if pad is None else pad
 
 
 KEYWORD_DEFAULTS: dict[str, Any] = {

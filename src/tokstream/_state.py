@@ -39,13 +39,16 @@ class Cursor(NamedTuple):
 def config(corpus: Any, options: Any, space: Any) -> dict[str, Any]:
     """The fingerprint of a stream's global window sequence, as JSON-friendly values.
 
-    ``space`` is the stream's window index space (:class:`~tokstream._gather.WindowGather`):
-    within documents, where its segments are the documents, it is hashed, since the same shard
-    lengths and settings over other document boundaries lay out other windows.
+    ``space`` is the stream's window index space (:class:`~tokstream._gather.WindowGather`, or
+    :class:`~tokstream.packing.PackedSpace`): within documents or packed, where the documents
+    decide the samples, it is hashed, since the same shard lengths and settings over other
+    document boundaries lay out other windows.
     """
     lengths = np.ascontiguousarray(corpus.lengths, dtype="<i8").tobytes()
     within = (
-        {"window_segments_sha256": space.segments_sha256()} if options.windows == "within" else {}
+        {"window_segments_sha256": space.segments_sha256()}
+        if options.windows in ("within", "packed")
+        else {}
     )
     return {
         "num_tokens": corpus.num_tokens,

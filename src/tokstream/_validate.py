@@ -131,6 +131,21 @@ def choice(value: Any, name: str, allowed: Iterable[str]) -> str:
     return value
 
 
+def token_id(value: int, dtype: np.dtype, name: str) -> int:
+    """``value`` when a corpus of ``dtype`` can hold it as a token id, else a ValueError.
+
+    Token ids are int64 values whatever the dtype (uint64 ones past 2**63 - 1 are refused when
+    the corpus is made), so an id outside both ranges could never be read from the corpus.
+    """
+    info = np.iinfo(dtype)
+    low, high = max(int(info.min), INT64_MIN), min(int(info.max), INT64_MAX)
+    if not low <= value <= high:
+        raise ValueError(
+            f"{name} must be a token id of the corpus dtype {dtype} ([{low}, {high}]), got {value}"
+        )
+    return value
+
+
 def integer_dtype(dtype: Any, name: str) -> np.dtype:
     """``dtype`` as an integer ``np.dtype`` (any size and byte order), else a TypeError.
 

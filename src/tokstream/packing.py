@@ -40,11 +40,17 @@ shuffled).
 from __future__ import annotations
 
 import bisect
+import hashlib
 from typing import NamedTuple
 
 import numpy as np
 
 from tokstream import _order
+from tokstream._options import StreamOptions
+from tokstream._order import WindowOrder
+from tokstream._state import Cursor
+from tokstream._validate import token_id
+from tokstream.corpus import Corpus
 
 #: About this many rows per group: enough that the group's last, partly filled rows are a small
 #: share of its slots (best fit decreasing over such a group pads about 0.05-0.2% of the slots
@@ -378,3 +384,79 @@ def fill_rows(
         "cu_seqlens": cu_seqlens,
         "max_seqlen": int(np.diff(cu_seqlens).max(initial=0)),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# The stream's side: packed rows as its window index space, and their order
+
+
+class PackedSpace:
+    """A packed stream's samples, in the stream's window-space interface.
+
+    The stream's window index of a sample is ``epoch * num_windows + position`` (its order
+    position in that epoch, all ranks together): a packed row depends on its epoch, and the
+    order hands it over in the index (:class:`PackedOrder`).
+    """
+
+    def __init__(self, corpus: Corpus, options: StreamOptions) -> None:
+        self.corpus = corpus
+        self.block = options.block
+        self.pad = token_id(options.pad, corpus.dtype, "pad")
+        boundaries = (
+            corpus.document_boundaries
+            if options.eos is None
+            else corpus.boundaries_with_eos(options.eos)
+        )
+        self.packing = Packing(
+            boundaries, options.block, shuffle=options.shuffle, seed=options.seed
+        )
+        self.num_windows = self.packing.num_rows
+        self._shard_starts = corpus.shard_starts.copy()
+
+    def segments_sha256(self) -> str:
+        """A hash of the documents packed and of the groups they are cut into."""
+        packing = self.packing
+        digest = hashlib.sha256(np.ascontiguousarray(packing._boundaries, "<i8").data)
+        digest.update(np.ascontiguousarray(packing.group_rows, "<i8").data)
+        digest.update(str(packing.group_documents).encode())
+        return digest.hexdigest()
+
+    def __call__(
+        self,
+        windows_index: np.ndarray,
+        windows: np.ndarray,
+        next_tokens: np.ndarray | None = None,
+        targets: np.ndarray | None = None,
+        position_ids: np.ndarray | None = None,
+        label_continues: np.ndarray | None = None,
+        document_ids: np.ndarray | None = None,
+    ) -> None:
+        """Fill a batch's buffers with the rows of ``windows_index`` (see the class)."""
+        rows, wide = windows_index.shape[0], (windows_index.shape[0], self.block)
+        buffers = (windows, targets, position_ids, label_continues, document_ids)
+        if next_tokens is not None or any(b is not None and b.shape != wide for b in buffers):
+            raise ValueError(f"a batch buffer is not {wide}: reshaped in place?")
+        if not rows:
+            return
+        epoch, positions = np.divmod(windows_index, max(1, self.num_windows))
+        pieces = self.packing.rows(int(epoch[0]), positions)
+        batch = fill_rows(self.corpus.shards, self._shard_starts, pieces, self.block, self.pad)
+        windows[...] = batch["input_ids"]
+        targets[...] = batch["labels"]
+        if position_ids is not None:
+            position_ids[...] = batch["position_ids"]
+        if label_continues is not None:
+            label_continues[...] = batch["loss_mask"]
+        if document_ids is not None:
+            document_ids[...] = batch["document_ids"]
+
+
+class PackedOrder(WindowOrder):
+    """The order of a packed stream's samples: positions ``0 .. num_rows - 1`` of each epoch,
+    shared by the ranks as windows are; the shuffle is the packing's own (groups and rows in
+    keyed orders per epoch), so the positions themselves are not permuted again."""
+
+    def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
+        first = cursor.position + self._rank
+        positions = np.arange(first, first + self._world * count, self._world, dtype=np.int64)
+        return positions + cursor.epoch * max(1, self.num_windows)

@@ -28,6 +28,7 @@ from tokstream._readahead import ReadAhead
 from tokstream._state import Cursor
 from tokstream.corpus import Corpus
 from tokstream.mixture import Mixture, MixtureOrder, stream_source
+from tokstream.packing import PackedOrder, PackedSpace
 
 
 @expose_options
@@ -73,18 +74,22 @@ class TokenStream(Iterator[Batch]):
         corpus = source.corpus if isinstance(source, Mixture) else source
         self._corpus = corpus
         self._options = options
-        self._gather = window_space(corpus, options)
+        packed = options.windows == "packed"
+        self._gather = PackedSpace(corpus, options) if packed else window_space(corpus, options)
         corpus.advise(options.shuffle)
-        self._order = (
-            MixtureOrder(source, self._gather, options)
-            if isinstance(source, Mixture)
-            else WindowOrder(self._gather.num_windows, options)
-        )
+        if isinstance(source, Mixture):
+            self._order = MixtureOrder(source, self._gather, options)
+        else:
+            order_type = PackedOrder if packed else WindowOrder
+            self._order = order_type(self._gather.num_windows, options)
         # Random windows of a memory-mapped corpus are read ahead; sequential ones are left to
         # the OS's own read-ahead (MADV_SEQUENTIAL), arrays in RAM need none.
         self._readahead = (
             ReadAhead(self._order, self._gather, options.batch_size)
-            if options.shuffle and _advice.AVAILABLE and next(corpus.memory_maps(), None)
+            if options.shuffle
+            and not packed
+            and _advice.AVAILABLE
+            and next(corpus.memory_maps(), None)
             else None
         )
         self._lock = threading.Lock()

@@ -1,0 +1,185 @@
+"""``windows="packed"`` streams: the packing contract through the stream, its ranks, resume,
+buffers and bad arguments."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.test_packing import PAD, boundaries_of, check_contract, layouts, lognormal_lengths
+from tokstream import Corpus, mix, stream_token_source
+
+EXTRAS = ("document_ids", "position_ids", "cu_seqlens")
+
+
+def corpus_of(lengths: list[int]) -> Corpus:
+    """Documents of ``lengths`` whose tokens are their own indices (int64)."""
+    boundaries = boundaries_of(lengths)
+    tokens = np.arange(int(boundaries[-1]), dtype=np.int64)
+    return Corpus.from_documents(
+        [tokens[a:b] for a, b in zip(boundaries, boundaries[1:], strict=False)]
+    )
+
+
+def packed(corpus: Corpus, **overrides: Any):
+    args: dict[str, Any] = {"block": 8, "batch_size": 3, "windows": "packed", "pad": PAD}
+    args["extras"] = EXTRAS
+    args.update(overrides)
+    return stream_token_source(corpus, **args)
+
+
+def joined(batches: list[dict[str, Any]], block: int) -> dict[str, Any]:
+    """One epoch's batches as one batch (``cu_seqlens`` rebuilt over the joined rows)."""
+    batch = {
+        name: np.concatenate([b[name] for b in batches])
+        for name in ("input_ids", "labels", "loss_mask", "document_ids", "position_ids")
+    }
+    offsets, base = [], 0
+    for b in batches:
+        offsets.extend((b["cu_seqlens"][:-1] + base).tolist())
+        base += b["input_ids"].size
+    batch["cu_seqlens"] = np.array([*offsets, base], np.int32)
+    batch["max_seqlen"] = max(b["max_seqlen"] for b in batches)
+    return batch
+
+
+def same(a: Any, b: Any) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=layouts,
+    block=st.integers(1, 12),
+    batch_size=st.integers(1, 5),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_each_epoch_of_a_stream_keeps_the_packing_contract(
+    lengths, block, batch_size, shuffle, seed
+):
+    corpus = corpus_of(lengths)
+    stream = packed(corpus, block=block, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    stream = packed(
+        corpus, block=block, batch_size=batch_size, shuffle=shuffle, seed=seed, epochs=2
+    )
+    batches = list(stream)
+    per_epoch = stream.batches_per_epoch
+    assert len(batches) == 2 * per_epoch
+    for epoch in range(2):
+        epoch_batches = batches[epoch * per_epoch : (epoch + 1) * per_epoch]
+        if epoch_batches:
+            check_contract(corpus.document_boundaries, block, joined(epoch_batches, block))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_share_the_rows_as_windows_are_shared(world_size, drop_last):
+    corpus = corpus_of(lognormal_lengths(300, seed=4))
+    options = {"block": 64, "drop_last": drop_last}
+    single = list(packed(corpus, batch_size=world_size * 2, **options))
+    ranks = [
+        list(packed(corpus, batch_size=2, rank=r, world_size=world_size, **options))
+        for r in range(world_size)
+    ]
+    assert len({len(r) for r in ranks}) == 1
+    # Every full global batch is the single stream's; a partial last one is cut as the
+    # ranks' epoch tail says (tokstream._order), as for windows.
+    full = [batch for batch in single if batch["input_ids"].shape[0] == world_size * 2]
+    assert len(ranks[0]) - len(full) in (0, 1)
+    for step, whole in enumerate(full):
+        for r in range(world_size):
+            assert np.array_equal(ranks[r][step]["input_ids"], whole["input_ids"][r::world_size])
+
+
+def test_resuming_after_every_batch_continues_exactly():
+    corpus = corpus_of(lognormal_lengths(200, seed=2))
+    options = {"block": 32, "batch_size": 4, "epochs": 3, "seed": 5}
+    whole = list(packed(corpus, **options))
+    stream = packed(corpus, **options)
+    for expected in whole:
+        state = json.loads(json.dumps(stream.state_dict()))
+        assert len(json.dumps(state)) < 16 * 1024
+        stream = packed(corpus, **options)
+        stream.load_state_dict(state)
+        same(next(stream), expected)
+    with pytest.raises(StopIteration):
+        next(stream)
+
+
+def test_elastic_resume_keeps_the_global_batches():
+    corpus = corpus_of(lognormal_lengths(200, seed=3))
+    options = {"block": 32, "epochs": 2, "seed": 1}
+    single = list(packed(corpus, batch_size=4, **options))
+    ranks = [packed(corpus, batch_size=2, rank=r, world_size=2, **options) for r in range(2)]
+    for stream in ranks:
+        for _ in range(5):
+            next(stream)
+    resumed = packed(corpus, batch_size=4, **options)
+    resumed.load_state_dict(ranks[0].state_dict())
+    for expected, got in zip(single[5:], resumed, strict=True):
+        same(got, expected)
+
+
+@pytest.mark.parametrize(
+    "knobs", [{"prefetch": 2}, {"reuse_buffers": 2}, {"prefetch": 1, "reuse_buffers": 1}]
+)
+def test_prefetch_and_reused_buffers_give_the_same_batches(knobs):
+    corpus = corpus_of(lognormal_lengths(150, seed=6))
+    options = {"block": 16, "batch_size": 5, "epochs": 2}
+    expected = [{k: np.copy(v) for k, v in b.items()} for b in packed(corpus, **options)]
+    for got, want in zip(packed(corpus, **options, **knobs), expected, strict=True):
+        same({k: np.copy(v) for k, v in got.items()}, want)
+
+
+def test_a_packed_batch_is_a_dict_with_the_loss_mask_and_pad_defaults_to_eos():
+    tokens = np.array([5, 6, 0, 7, 8, 9, 0, 4, 0], np.uint16)
+    stream = stream_token_source(tokens, 4, 8, windows="packed", eos=0, shuffle=False)
+    batch = next(stream)
+    assert set(batch) == {"input_ids", "labels", "loss_mask"}
+    assert batch["input_ids"].tolist() == [[7, 8, 9, 0], [5, 6, 0, 4]]
+    assert batch["labels"].tolist() == [[8, 9, 0, 0], [6, 0, 4, 0]]
+    assert batch["loss_mask"].tolist() == [[True, True, True, False], [True, True, False, True]]
+
+
+def test_the_state_names_the_documents_packed():
+    a, b = corpus_of([5, 9, 3, 12]), corpus_of([9, 5, 3, 12])
+    state = packed(a).state_dict()
+    with pytest.raises(ValueError, match="window_segments_sha256"):
+        packed(b).load_state_dict(state)
+
+
+BAD = [
+    ({"targets": "next"}, ValueError, "targets='next'"),
+    ({"pad": None}, ValueError, "needs pad="),
+    ({"pad": 1 << 40, "dtype": np.uint16}, ValueError, "pad must be a token id"),
+    ({"pad": -1, "dtype": np.uint8}, ValueError, "pad must be a token id"),
+    ({"pad": 1.5}, ValueError, "pad must be an exact integer"),
+    ({"pad": "0"}, TypeError, "pad"),
+    ({"stride": 8}, ValueError, "stride=8"),
+    ({"permutation": "materialized"}, ValueError, "permutation='materialized'"),
+    ({"windows": "cross"}, ValueError, "pad needs windows='packed'"),
+    ({"windows": "within", "pad": None}, ValueError, "document_ids' needs windows='packed'"),
+    ({"windows": "shelves"}, ValueError, "windows"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "error", "message"), BAD)
+def test_bad_packed_arguments_name_the_argument(overrides, error, message):
+    dtype = overrides.pop("dtype", np.int64)
+    corpus = Corpus.from_documents([np.arange(5, dtype=dtype), np.arange(3, dtype=dtype)])
+    with pytest.raises(error, match=message):
+        packed(corpus, **overrides)
+
+
+def test_a_mixture_cannot_be_packed_yet():
+    sources = {"a": corpus_of([5, 6]), "b": corpus_of([3, 9])}
+    with pytest.raises(ValueError, match="mixture"):
+        packed(mix(sources, {"a": 1, "b": 1}), extras=())
