@@ -7,7 +7,11 @@ Each file is written as its project writes it (Megatron's index layout, pyarrow'
 from __future__ import annotations
 
 import io
+import itertools
+import multiprocessing
+import pickle
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -157,3 +161,95 @@ def test_a_megatron_prefix_beside_megatrons_index_cache_directory_opens(tmp_path
     assert documents_of(open_tokens(prefix)) == [[1, 2, 3], [4, 5]]
     code = cli.main(["inspect", str(prefix), "--quiet"], stdout=io.StringIO(), stderr=io.StringIO())
     assert code == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Pickling inputs memory-mapped by others: by file and offset, as open_tokens' own maps
+
+
+def _first_batches(corpus) -> list[list[int]]:
+    stream = stream_token_source(corpus, 16, 8, seed=5, permutation="implicit")
+    return [w.tolist() for w, _ in itertools.islice(stream, 4)]
+
+
+def _spawned(data: bytes) -> tuple[list[list[int]], str | None]:
+    """In a spawned process: unpickle the corpus, stream, and say which file shard 0 maps."""
+    from tokstream._filemap import file_map_of
+
+    corpus = pickle.loads(data)
+    found = file_map_of(corpus.shards[0])
+    return _first_batches(corpus), None if found is None else found.path
+
+
+def _in_a_spawned_process(corpus):
+    data = pickle.dumps(corpus)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return len(data), pool.apply(_spawned, (data,))
+
+
+needs_proc_maps = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="finds mapped files in /proc/self/maps"
+)
+
+
+@needs_proc_maps
+@pytest.mark.parametrize("how", ["np.memmap", "np.load", "slice"])
+def test_a_numpy_memory_map_pickles_as_its_file_and_maps_again_when_spawned(tmp_path, how):
+    path = tmp_path / "train.bin"
+    tokens = (np.arange(1_000_000) % 50_000).astype(np.uint16)
+    tokens.tofile(path)  # nanoGPT's prepare.py
+    if how == "np.load":
+        np.save(tmp_path / "train.npy", tokens)
+        path = tmp_path / "train.npy"
+        ids = np.load(path, mmap_mode="r")
+    else:
+        ids = np.memmap(path, dtype=np.uint16, mode="r")
+    if how == "slice":
+        ids, tokens = ids[12_345:], tokens[12_345:]
+    corpus = Corpus([ids])
+    size, (batches, mapped) = _in_a_spawned_process(corpus)
+    assert size < 2_000, "the tokens alone are 2 MB"
+    assert mapped == str(path)
+    assert batches == _first_batches(Corpus([tokens]))
+
+
+@needs_proc_maps
+def test_a_memory_map_is_pickled_by_value_when_its_mapping_may_differ_from_the_file(tmp_path):
+    path = tmp_path / "train.bin"
+    np.arange(100_000, dtype=np.uint16).tofile(path)
+    edited = np.memmap(path, dtype=np.uint16, mode="c")  # private copy on write
+    edited[:10] = 7
+    assert pickle.loads(pickle.dumps(Corpus([edited]))).shards[0][:12].tolist() == [7] * 10 + [
+        10,
+        11,
+    ]
+    replaced = np.memmap(path, dtype=np.uint16, mode="r")
+    path.rename(tmp_path / "moved.bin")
+    np.zeros(100_000, dtype=np.uint16).tofile(path)  # another file under the name
+    assert pickle.loads(pickle.dumps(Corpus([replaced]))).shards[0][:3].tolist() == [0, 1, 2]
+
+
+@needs_proc_maps
+def test_a_datasets_dataset_loaded_from_disk_pickles_as_its_arrow_file(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [list(range(i, i + 200)) for i in range(5_000)]
+    datasets.Dataset.from_dict({"input_ids": rows}).save_to_disk(tmp_path / "ds")
+    dataset = datasets.load_from_disk(tmp_path / "ds")
+    corpus = open_tokens(dataset)
+    size, (batches, mapped) = _in_a_spawned_process(corpus)
+    assert size < 60_000, "5,000 document boundaries (40 KB), not 4 MB of tokens"
+    assert mapped == dataset.cache_files[0]["filename"]
+    assert batches == _first_batches(corpus)
+
+
+@needs_proc_maps
+def test_an_arrow_table_from_a_memory_mapped_file_pickles_as_its_file(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    path = write_tokens(
+        tmp_path / "t.arrow", Corpus.from_documents([np.arange(300_000) % 1000] * 3), "arrow"
+    )
+    with pa.memory_map(str(path)) as source:
+        table = pa.ipc.open_stream(source).read_all()
+    corpus = open_tokens(table)
+    assert len(pickle.dumps(corpus)) < 4_000
+    assert _in_a_spawned_process(corpus)[1] == (_first_batches(corpus), str(path))

@@ -14,6 +14,7 @@ maps the same file again.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import mmap
 import os
@@ -150,3 +151,86 @@ def file_map_of(array: np.ndarray) -> FileMap | None:
         if array.ctypes.data == base.__array_interface__["data"][0]:
             return base
     return None
+
+
+class _Remap:
+    """Pickles as the :class:`FileMap` of a region of a file, without mapping it here."""
+
+    def __init__(self, path: str, offset: int, dtype: np.dtype, count: int, identity: Identity):
+        self.args = (path, offset, dtype, count, identity)
+
+    def __reduce__(self) -> tuple:
+        return (FileMap, self.args)
+
+
+def _proc_maps() -> list[tuple[int, int, str, int, int, int, str]]:
+    """This process' mappings (Linux ``/proc/self/maps``), sorted by address:
+    ``(start, end, permissions, file offset, device, inode, path)``."""
+    regions = []
+    with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            fields = line.rstrip("\n").split(maxsplit=5)
+            if len(fields) < 6 or fields[4] == "0":
+                continue  # anonymous memory
+            start, end = (int(address, 16) for address in fields[0].split("-"))
+            major, minor = (int(number, 16) for number in fields[3].split(":"))
+            device = os.makedev(major, minor)
+            regions.append(
+                (start, end, fields[1], int(fields[2], 16), device, int(fields[4]), fields[5])
+            )
+    return regions
+
+
+class MappedFiles:
+    """Finds the file region an array's memory maps, to pickle it by file and offset.
+
+    For the arrays :class:`FileMap` did not make: ``np.memmap`` (nanoGPT's idiom),
+    ``np.load(..., mmap_mode="r")``, pyarrow's memory-mapped buffers (a ``datasets.Dataset``
+    loaded from disk). Read from ``/proc/self/maps`` on first use, so on Linux only; elsewhere
+    :meth:`region` finds nothing and such arrays pickle by value, as NumPy pickles them.
+    """
+
+    def __init__(self) -> None:
+        self._regions: list[tuple[int, int, str, int, int, int, str]] | None = None
+
+    def region(self, array: np.ndarray) -> _Remap | None:
+        """A picklable stand-in mapping ``array``'s bytes again from their file, or None.
+
+        Only where that yields the same tokens: a C-contiguous array wholly inside one mapping
+        of a regular file that is still the file under that name (same device and inode), a
+        mapping that is shared or read-only (a private writable one may hold edits the file does
+        not). The stand-in carries the file's identity now, so the unpickling side refuses a
+        file changed in between (:class:`FileMap`).
+        """
+        if not array.flags.c_contiguous or array.nbytes == 0 or not _maps_memory(array):
+            return None
+        if self._regions is None:
+            self._regions = _proc_maps() if sys.platform.startswith("linux") else []
+        address = array.ctypes.data
+        starts = [region[0] for region in self._regions]
+        i = bisect.bisect_right(starts, address) - 1
+        if i < 0:
+            return None
+        start, end, permissions, offset, device, inode, path = self._regions[i]
+        if address + array.nbytes > end or not path.startswith("/"):
+            return None  # beyond the mapping, or a pseudo-file ([vdso], a deleted file)
+        if "w" in permissions and "s" not in permissions:
+            return None
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return None
+        if not os.path.isfile(path) or (stat.st_dev, stat.st_ino) != (device, inode):
+            return None  # replaced since it was mapped (or a name with " (deleted)")
+        return _Remap(path, offset + address - start, array.dtype, array.shape[0], _identity(stat))
+
+
+def _maps_memory(array: np.ndarray) -> bool:
+    """Whether ``array``'s memory belongs to an object other than a NumPy array (a map, a
+    buffer): an array that owns its memory, or views one that does, is in RAM."""
+    base: Any = array
+    while isinstance(base, np.ndarray):
+        if base.base is None:
+            return False
+        base = base.base
+    return True

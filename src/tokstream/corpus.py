@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
-from tokstream._filemap import FileMap, file_map_of
+from tokstream._filemap import FileMap, MappedFiles, file_map_of
 
 
 class Corpus:
@@ -198,10 +198,14 @@ class Corpus:
         return f"Corpus(shards={len(self.shards)}, tokens={self.num_tokens}, dtype={self.dtype})"
 
     def __getstate__(self) -> dict[str, Any]:
-        # A shard mapped from a token file travels as its file, offset and dtype, and is mapped
-        # again where it is unpickled (a spawned DataLoader worker), instead of as a copy.
+        # A shard mapped from a token file (by open_tokens, np.memmap, pyarrow) travels as its
+        # file, offset and dtype, and is mapped again where it is unpickled (a spawned
+        # DataLoader worker), instead of as a copy.
         state = self.__dict__.copy()
-        state["_shards"] = tuple(file_map_of(shard) or shard for shard in self._shards)
+        files = MappedFiles()
+        state["_shards"] = tuple(
+            file_map_of(shard) or files.region(shard) or shard for shard in self._shards
+        )
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
