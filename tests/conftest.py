@@ -13,7 +13,12 @@ import numpy as np
 
 # Test modules that need an optional extra; without it installed they are left out of the run
 # (and the run's header says so), so that `pip install ".[test]" && pytest` passes anywhere.
-NEEDS_EXTRA = {"test_torch.py": "torch", "test_mixture_torch.py": "torch"}
+NEEDS_EXTRA = {
+    "test_torch.py": "torch",
+    "test_mixture_torch.py": "torch",
+    "test_torch_resume.py": "torch",
+    "test_torch_groups.py": "torch",
+}
 collect_ignore = [
     module for module, extra in NEEDS_EXTRA.items() if importlib.util.find_spec(extra) is None
 ]

@@ -57,7 +57,10 @@ def test_two_workers_stream_the_shares_of_two_ranks_of_the_mixture(context):
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_statefuldataloader_resumes_a_mixture_to_identical_batches(num_workers):
-    from torchdata.stateful_dataloader import StatefulDataLoader
+    stateful_dataloader = pytest.importorskip(
+        "torchdata.stateful_dataloader", reason="torchdata is not installed"
+    )
+    StatefulDataLoader = stateful_dataloader.StatefulDataLoader
 
     def loader():
         return StatefulDataLoader(

@@ -3,9 +3,11 @@
 Only this module needs PyTorch (the ``tokstream[torch]`` extra); ``import tokstream`` never
 imports it.
 
-Sharding. On rank ``r`` of ``W`` (from ``torch.distributed`` when a process group is
-initialized, unless given explicitly), a ``DataLoader(dataset, batch_size=None,
-num_workers=K)`` runs ``K`` copies of the dataset, and worker ``w`` streams as the effective
+Sharding. On rank ``r`` of ``W`` (given explicitly; else from a ``process_group`` or a
+``device_mesh`` dimension, so that tensor- or pipeline-parallel peers share one rank; else from
+the default ``torch.distributed`` process group when one is initialized), a
+``DataLoader(dataset, batch_size=None, num_workers=K)`` runs ``K`` copies of the dataset, and
+worker ``w`` streams as the effective
 rank ``r * K + w`` of an effective world of ``W * K`` (``K = 1`` without workers). So the whole
 job sees every window once per epoch less the tail of :mod:`tokstream.stream` for that effective
 world (the last ``n % (W * K)`` positions of each epoch's order); every worker yields the same
@@ -13,8 +15,10 @@ number of batches, so the DataLoader's round-robin over its workers never runs d
 worker early, and every rank yields the same number of batches, as DDP needs.
 
 Resume. :meth:`TokenDataset.state_dict` is the cursor of the stream of the calling process or
-worker, in the form torchdata's ``StatefulDataLoader`` expects of a dataset: it calls it inside
-each worker and hands each worker its own state back through
+worker (after its last batch, the finished cursor: a worker that is done stays done, and a
+finished run loaded with more ``epochs`` continues with the next epoch), in the form
+torchdata's ``StatefulDataLoader`` expects of a dataset: it calls it inside each worker and
+hands each worker its own state back through
 :meth:`TokenDataset.load_state_dict` before the next ``iter()``. Without workers
 (``num_workers=0``) call the two methods yourself. Since the effective world is ``W * K``, a
 state resumes on any ``(W', K', batch_size')`` with ``W' * K' * batch_size' == W * K *
@@ -33,10 +37,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import mmap
 import multiprocessing.context
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -46,7 +51,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess without torch
     raise ImportError(
         "tokstream.torch needs PyTorch, which could not be imported; install the extra with "
-        "`pip install 'tokstream[torch]'`. Original error: " + str(exc)
+        "`pip install 'tokstream[torch]'` (from a clone of the repository: `pip install "
+        "'.[torch]'`). Original error: " + str(exc)
     ) from exc
 
 from tokstream import _validate
@@ -54,7 +60,28 @@ from tokstream._options import stream_signature
 from tokstream.mixture import stream_source
 from tokstream.stream import TokenStream
 
-__all__ = ["TokenDataset"]
+__all__ = ["TensorBatch", "TokenDataset"]
+
+#: A batch as the dataset yields it: ``(windows, targets)`` int64 tensors, or with ``extras``
+#: (or over a mixture) a dict of tensors by name plus the int ``max_seqlen`` for ``cu_seqlens``.
+TensorBatch: TypeAlias = tuple[torch.Tensor, torch.Tensor] | dict[str, torch.Tensor | int]
+
+
+def _signature(
+    signature: inspect.Signature, annotations: dict[str, str], **extra_keywords: str
+) -> inspect.Signature:
+    """``signature`` with the ``annotations`` given and keywords (name=annotation, default None)
+    added at its end."""
+    parameters = [
+        p.replace(annotation=annotations.get(p.name, p.annotation))
+        for p in signature.parameters.values()
+    ]
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    parameters += [
+        inspect.Parameter(name, keyword, default=None, annotation=annotation)
+        for name, annotation in extra_keywords.items()
+    ]
+    return signature.replace(parameters=parameters)
 
 
 class TokenDataset(IterableDataset):
@@ -63,9 +90,15 @@ class TokenDataset(IterableDataset):
     The arguments are those of :func:`tokstream.stream_token_source`, checked when the dataset
     is built; ``rank`` and ``world_size`` default to the initialized ``torch.distributed``
     process group (one process without one), so build the dataset after
-    ``init_process_group``. Each batch is already whole: use ``DataLoader(dataset,
-    batch_size=None)``. The tensors share memory with the stream's fresh NumPy arrays
-    (``torch.from_numpy``, no copy) and belong to the caller.
+    ``init_process_group``. Under model parallelism the replicas that must see the same data
+    share one data-parallel rank: pass their data-parallel group as ``process_group`` (rank and
+    size within it), or ``device_mesh=mesh, mesh_dim="dp"`` (this process' coordinate along that
+    dimension of a ``DeviceMesh``, and its size; ``mesh_dim`` may be omitted for a 1-D mesh).
+    Giving ``rank``/``world_size`` too, or both a group and a mesh, is a ValueError.
+
+    Each batch is already whole: use ``DataLoader(dataset, batch_size=None)``. The tensors
+    share memory with the stream's fresh NumPy arrays (``torch.from_numpy``, no copy) and
+    belong to the caller.
 
     Each ``iter()`` is one pass over all ``epochs`` epochs, from the start or, after
     :meth:`load_state_dict`, from the loaded cursor.
@@ -84,10 +117,15 @@ class TokenDataset(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         num_workers: int | None = None,
+        process_group: Any = None,
+        device_mesh: Any = None,
+        mesh_dim: str | int | None = None,
         **options: Any,
     ) -> None:
         super().__init__()
-        rank, world_size = _distributed_share(rank, world_size)
+        rank, world_size = _distributed_share(
+            rank, world_size, process_group, device_mesh, mesh_dim
+        )
         # Every argument is checked now, once; workers derive their share from these options.
         # No parity with the reference generator is at stake here: the default order needs no
         # O(windows) array in the main process or in any DataLoader worker.
@@ -111,11 +149,17 @@ class TokenDataset(IterableDataset):
         # instead, and pickling for a new process sets it here (see __getstate__).
         self._streamed_in_workers = mmap.mmap(-1, 1)
 
-    __init__.__signature__ = stream_signature(  # type: ignore[attr-defined]
-        "self",
-        "token_ids",
-        defaults={"rank": None, "world_size": None, "permutation": "implicit"},
-        num_workers=None,
+    __init__.__signature__ = _signature(  # type: ignore[attr-defined]
+        stream_signature(
+            "self",
+            "token_ids",
+            defaults={"rank": None, "world_size": None, "permutation": "implicit"},
+        ),
+        {"rank": "int | None", "world_size": "int | None"},
+        num_workers="int | None",
+        process_group="torch.distributed.ProcessGroup | None",
+        device_mesh="torch.distributed.device_mesh.DeviceMesh | None",
+        mesh_dim="str | int | None",
     )
 
     def _new_stream(self, rank: int, world_size: int) -> TokenStream:
@@ -161,7 +205,10 @@ class TokenDataset(IterableDataset):
             )
         self._streamed_in_workers[0] = info is not None
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[TensorBatch]:
+        # Not a generator function: the loaded state is taken (or refused) by iter() itself,
+        # so an iterator that is made and dropped unstarted (as StatefulDataLoader does when it
+        # loads a finished state and then begins a new pass) leaves no state for the next one.
         self._check_workers()
         share = self._share()
         stream = self._new_stream(*share)
@@ -177,20 +224,15 @@ class TokenDataset(IterableDataset):
             stream.load_state_dict(self._resume_state)
             self._resume_state = self._resume_share = None
         self._stream = stream
-        for batch in stream:
-            if isinstance(batch, dict):
-                yield {
-                    k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
-                    for k, v in batch.items()
-                }
-            else:
-                yield torch.from_numpy(batch[0]), torch.from_numpy(batch[1])
+        return _tensors(stream)
 
     def state_dict(self) -> dict[str, Any]:
         """The cursor of this process' (or worker's) stream, a small JSON-serialisable dict.
 
-        After a finished pass it is the start of the next pass, which begins from the first
-        epoch again (the convention of torchdata's ``StatefulDataLoader``).
+        Before any ``iter()`` it is the start; after the stream's last batch it is the finished
+        cursor, which resumes to no batches (or, loaded into a dataset of more ``epochs``, to the
+        next epoch). A new ``iter()`` without a loaded state begins a new pass from the first
+        epoch; torchdata's ``StatefulDataLoader`` does so after a pass that ran to its end.
 
         Raises
         ------
@@ -207,9 +249,7 @@ class TokenDataset(IterableDataset):
             )
         if self._resume_state is not None:
             return copy.deepcopy(self._resume_state)
-        stream = self._stream
-        if stream is None or stream.__length_hint__() == 0:
-            stream = self._new_stream(*self._share())
+        stream = self._stream if self._stream is not None else self._new_stream(*self._share())
         return stream.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -245,8 +285,44 @@ class TokenDataset(IterableDataset):
         )
 
 
-def _distributed_share(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit ``rank``/``world_size`` win; else the process group's; else one process."""
+def _tensors(stream: TokenStream) -> Iterator[TensorBatch]:
+    """The stream's batches with their arrays as tensors sharing memory (no copy)."""
+    for batch in stream:
+        if isinstance(batch, dict):
+            yield {
+                k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()
+            }
+        else:
+            yield torch.from_numpy(batch[0]), torch.from_numpy(batch[1])
+
+
+def _distributed_share(
+    rank: int | None,
+    world_size: int | None,
+    process_group: Any,
+    device_mesh: Any,
+    mesh_dim: str | int | None,
+) -> tuple[int, int]:
+    """``(rank, world_size)``: explicit ones win; else ``process_group``'s or ``device_mesh``'s
+    along ``mesh_dim``; else the default process group's; else one process."""
+    explicit = [n for n, v in (("rank", rank), ("world_size", world_size)) if v is not None]
+    given = [
+        name
+        for name, value in (("process_group", process_group), ("device_mesh", device_mesh))
+        if value is not None
+    ]
+    if len(given) == 2 or (given and explicit):
+        other = given[1] if len(given) == 2 else explicit[0]
+        raise ValueError(
+            f"{given[0]} and {other} both say which share of the data this process streams; "
+            f"give one of them"
+        )
+    if mesh_dim is not None and device_mesh is None:
+        raise ValueError(f"mesh_dim={mesh_dim!r} needs device_mesh (the DeviceMesh it names)")
+    if process_group is not None:
+        return _group_share(process_group)
+    if device_mesh is not None:
+        return _mesh_share(device_mesh, mesh_dim)
     default_rank, default_world = 0, 1
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         default_rank = torch.distributed.get_rank()
@@ -254,3 +330,59 @@ def _distributed_share(rank: int | None, world_size: int | None) -> tuple[int, i
     world_size = default_world if world_size is None else world_size
     rank = default_rank if rank is None else rank
     return rank, world_size
+
+
+def _group_share(process_group: Any) -> tuple[int, int]:
+    """This process' rank in ``process_group`` and the group's size."""
+    if not torch.distributed.is_available() or not isinstance(
+        process_group, torch.distributed.ProcessGroup
+    ):
+        raise TypeError(
+            "process_group must be a torch.distributed.ProcessGroup (such as "
+            f"dist.new_group(...) or mesh.get_group('dp')), got {type(process_group).__name__}"
+        )
+    rank = torch.distributed.get_rank(process_group)
+    if rank < 0:
+        raise ValueError(
+            "process_group does not include this process; pass the data-parallel group this "
+            "process belongs to"
+        )
+    return rank, torch.distributed.get_world_size(process_group)
+
+
+def _mesh_share(device_mesh: Any, mesh_dim: str | int | None) -> tuple[int, int]:
+    """This process' coordinate along ``mesh_dim`` of ``device_mesh`` and that dimension's size."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not isinstance(device_mesh, DeviceMesh):
+        raise TypeError(
+            "device_mesh must be a torch.distributed.device_mesh.DeviceMesh, got "
+            f"{type(device_mesh).__name__}"
+        )
+    names = tuple(device_mesh.mesh_dim_names or ())
+    if mesh_dim is None:
+        if device_mesh.ndim != 1:
+            raise ValueError(
+                f"mesh_dim must name the data-parallel dimension of a {device_mesh.ndim}-D "
+                f"device_mesh (its dimensions: {list(names) or list(range(device_mesh.ndim))})"
+            )
+        dim = 0
+    elif isinstance(mesh_dim, str):
+        if mesh_dim not in names:
+            raise ValueError(
+                f"mesh_dim={mesh_dim!r} is not a dimension of device_mesh, whose dimensions are "
+                f"named {list(names)}"
+            )
+        dim = names.index(mesh_dim)
+    elif isinstance(mesh_dim, int) and not isinstance(mesh_dim, bool):
+        if not 0 <= mesh_dim < device_mesh.ndim:
+            raise ValueError(
+                f"mesh_dim={mesh_dim} is not a dimension of the {device_mesh.ndim}-D device_mesh"
+            )
+        dim = mesh_dim
+    else:
+        raise TypeError(f"mesh_dim must be a str or an int, got {type(mesh_dim).__name__}")
+    local_rank = device_mesh.get_local_rank(dim)
+    if local_rank is None or local_rank < 0:
+        raise ValueError("device_mesh does not include this process")
+    return local_rank, device_mesh.size(dim)
