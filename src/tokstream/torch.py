@@ -334,6 +334,13 @@ def _distributed_share(
 
 def _group_share(process_group: Any) -> tuple[int, int]:
     """This process' rank in ``process_group`` and the group's size."""
+    # What dist.new_group returns to a process outside the group it makes.
+    outside = getattr(getattr(torch.distributed, "GroupMember", None), "NON_GROUP_MEMBER", None)
+    if process_group is outside and outside is not None:
+        raise ValueError(
+            "process_group does not include this process (dist.new_group returned "
+            "GroupMember.NON_GROUP_MEMBER); pass the data-parallel group this process belongs to"
+        )
     if not torch.distributed.is_available() or not isinstance(
         process_group, torch.distributed.ProcessGroup
     ):
