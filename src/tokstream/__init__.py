@@ -17,6 +17,7 @@ except ImportError as exc:  # pragma: no cover - exercised only by a broken inst
 from tokstream.corpus import Corpus
 from tokstream.files import open_tokens, write_tokens
 from tokstream.mixture import Mixture, mix
+from tokstream.split import split
 from tokstream.stream import TokenStream, stream_token_source
 
 __version__ = "0.1.0"
@@ -28,6 +29,7 @@ __all__ = [
     "__version__",
     "mix",
     "open_tokens",
+    "split",
     "stream_token_source",
     "write_tokens",
 ]

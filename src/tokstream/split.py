@@ -1,0 +1,251 @@
+"""Deterministic train/valid/test splits of a corpus by a keyed hash of each document's index.
+
+:func:`split` assigns every unit of a corpus (each recorded document; in a corpus without
+recorded documents, each range of ``range_tokens`` tokens of a shard) to one split name by
+weighted rendezvous hashing: unit ``i`` draws, for every name ``n``, a uniform ``u_n(i)`` in
+``(0, 1)`` from a 64-bit hash keyed by ``seed`` and ``n``, and goes to the name with the
+smallest ``-ln(u_n(i)) / fraction_n`` (an exponential race, so name ``n`` wins with probability
+``fraction_n / sum(fractions)``). Each name's draws depend only on the seed, the name and the
+unit's index, never on the other names, so:
+
+- the split is deterministic (the same corpus, fractions and seed give the same split on every
+  machine and in every process) and a partition (every unit in exactly one split);
+- adding a name ``m`` (the other names' fractions unchanged) moves units only into ``m``: every
+  unit either stays in its split or goes to ``m``, never from one old split to another;
+- removing a name sends its units to the others and moves nothing else.
+
+A split is a :class:`~tokstream.Corpus` of views of the original shards (no tokens copied):
+each run of consecutive units of one shard that went to the same split is one shard of it, with
+its documents' boundaries. Windows never cross from one run into the next, so no window spans a
+place where another split's document was cut out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tokstream import _validate
+from tokstream.corpus import Corpus
+from tokstream.mixture import Mixture, exact_weight, mix
+
+__all__ = ["split"]
+
+#: Tokens per unit of a corpus without recorded documents (the last range of a shard is shorter).
+RANGE_TOKENS = 1 << 16
+
+# splitmix64's increment and output mix (Steele, Lea, Flood 2014): unit i of key k hashes to
+# mix(k + (i + 1) * GAMMA).
+_GAMMA = 0x9E3779B97F4A7C15
+_MASK = (1 << 64) - 1
+# Units hashed per NumPy pass, bounding the temporary arrays (a few MB) for any corpus.
+_CHUNK = 1 << 18
+
+
+def split(
+    corpus_or_paths: Any,
+    fractions: Mapping[str, Any],
+    *,
+    seed: int = 0,
+    range_tokens: int = RANGE_TOKENS,
+) -> dict[str, Any]:
+    """Split a corpus into disjoint corpora by a keyed hash of each document's index.
+
+    Parameters
+    ----------
+    corpus_or_paths
+        A :class:`~tokstream.Corpus`; paths or a glob for :func:`tokstream.open_tokens`; a
+        token array; or a :func:`tokstream.mix` mixture, whose every source is split (with the
+        same seed) and mixed again with its weights.
+    fractions
+        A dict split name -> a positive finite number: the name's expected share of the units
+        is its number over their sum (``{"train": 0.99, "valid": 0.01}``). The sum need not be
+        1, so a name can be added without changing the others' numbers.
+    seed
+        Keys the hash: another seed is another split.
+    range_tokens
+        In a corpus without recorded documents, each shard is cut into ranges of this many
+        tokens (the last one shorter), and the ranges are the units split.
+
+    Returns
+    -------
+    dict
+        Name -> :class:`~tokstream.Corpus` (or, for a mixture, :class:`~tokstream.Mixture`),
+        in the order of ``fractions``. A split that received no unit is a corpus of one empty
+        shard.
+
+    Raises
+    ------
+    TypeError
+        ``fractions`` is not a dict, a name is not a str, a fraction is not a number;
+        ``seed`` or ``range_tokens`` is not an int.
+    ValueError
+        No names, an empty name, a fraction that is not positive and finite, a seed outside
+        ``[0, 2**32)``,
+        ``range_tokens`` below 1; for a mixture, a split that leaves a source without tokens.
+    """
+    weights = _fractions(fractions)
+    seed = _validate.seed_int(seed, "seed")
+    range_tokens = _validate.positive_int(range_tokens, "range_tokens")
+    if isinstance(corpus_or_paths, Mixture):
+        return _split_mixture(corpus_or_paths, weights, seed, range_tokens)
+    corpus = _corpus_of(corpus_or_paths)
+    bounds = _unit_bounds(corpus, range_tokens)
+    owners = assign(sum(len(b) - 1 for b in bounds), weights, seed)
+    return _split_corpus(corpus, bounds, owners, list(weights))
+
+
+def assign(num_units: int, fractions: Mapping[str, float], seed: int) -> np.ndarray:
+    """The split of each of ``num_units`` units: indices into ``fractions``' names (int64).
+
+    ``fractions`` maps names to positive floats, as validated by :func:`split`.
+    """
+    names = list(fractions)
+    keys = [_name_key(name, seed) for name in names]
+    inverse_weights = [1.0 / float(fractions[name]) for name in names]
+    owners = np.empty(num_units, dtype=np.int64)
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps modulo 2**64, as intended
+        for start in range(0, num_units, _CHUNK):
+            units = np.arange(start + 1, min(start + _CHUNK, num_units) + 1, dtype=np.uint64)
+            steps = units * np.uint64(_GAMMA)
+            best = np.full(units.shape[0], np.inf)
+            chosen = np.zeros(units.shape[0], dtype=np.int64)
+            # Names in sorted order, a strict < per name: a (vanishingly rare) exact tie goes to
+            # the first name in sorted order, whatever the dict's order or its other names.
+            for index in sorted(range(len(names)), key=names.__getitem__):
+                score = -np.log(_uniform(steps + np.uint64(keys[index]))) * inverse_weights[index]
+                better = score < best
+                best[better] = score[better]
+                chosen[better] = index
+            owners[start : start + units.shape[0]] = chosen
+    return owners
+
+
+def _uniform(z: np.ndarray) -> np.ndarray:
+    """splitmix64's output mix of ``z``, as a float64 strictly inside (0, 1)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    # The top 53 bits plus a half: never 0 (whose log is infinite), never 1.
+    return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
+
+def _name_key(name: str, seed: int) -> int:
+    """A 64-bit key for ``name`` under ``seed``: BLAKE2b, the same in every process."""
+    digest = hashlib.blake2b(
+        name.encode("utf-8"), digest_size=8, key=seed.to_bytes(8, "little"), person=b"tokstrsp"
+    )
+    return int.from_bytes(digest.digest(), "little")
+
+
+def _fractions(fractions: Any) -> dict[str, float]:
+    if not isinstance(fractions, Mapping):
+        raise TypeError(
+            f"fractions must be a dict of split name -> fraction, got {type(fractions).__name__}"
+        )
+    if not fractions:
+        raise ValueError("fractions must name at least one split")
+    weights = {}
+    for name, value in fractions.items():
+        if not isinstance(name, str):
+            raise TypeError(f"fractions: split names must be str, got {name!r}")
+        if not name:
+            raise ValueError("fractions: a split name must not be empty")
+        weights[name] = float(exact_weight(value, f"fractions[{name!r}]"))
+    return weights
+
+
+def _corpus_of(corpus_or_paths: Any) -> Corpus:
+    if isinstance(corpus_or_paths, Corpus):
+        return corpus_or_paths
+    paths = (str, os.PathLike)
+    is_paths = isinstance(corpus_or_paths, paths) or (
+        isinstance(corpus_or_paths, (list, tuple))
+        and corpus_or_paths
+        and all(isinstance(p, paths) for p in corpus_or_paths)
+    )
+    if is_paths:
+        from tokstream.files import open_tokens
+
+        return open_tokens(corpus_or_paths)
+    return Corpus.from_tokens(corpus_or_paths, "corpus_or_paths")
+
+
+def _unit_bounds(corpus: Corpus, range_tokens: int) -> list[np.ndarray]:
+    """Per shard, its units' boundaries from 0 to its length: documents, or token ranges."""
+    bounds = []
+    for shard, length in enumerate(corpus.lengths.tolist()):
+        documents = corpus.shard_documents(shard)
+        if documents is None:
+            # An empty shard: boundaries [0], no unit.
+            documents = np.append(np.arange(0, length, range_tokens, dtype=np.int64), length)
+        bounds.append(documents)
+    return bounds
+
+
+def _split_corpus(
+    corpus: Corpus, bounds: list[np.ndarray], owners: np.ndarray, names: list[str]
+) -> dict[str, Corpus]:
+    """Each name's corpus: one shard per run of consecutive units it owns in one shard."""
+    pieces: list[tuple[list[np.ndarray], list[str], list[np.ndarray | None]]] = [
+        ([], [], []) for _ in names
+    ]
+    first_unit = 0
+    for shard, shard_bounds in enumerate(bounds):
+        units = shard_bounds.shape[0] - 1
+        shard_owners = owners[first_unit : first_unit + units]
+        first_unit += units
+        # Runs: where the owner changes, plus both ends.
+        cuts = np.flatnonzero(shard_owners[1:] != shard_owners[:-1]) + 1
+        run_starts = np.concatenate([[0], cuts]) if units else cuts
+        run_ends = np.append(cuts, units) if units else cuts
+        tokens = corpus.shards[shard]
+        starts, stops = shard_bounds[run_starts].tolist(), shard_bounds[run_ends].tolist()
+        run_owners = shard_owners[run_starts].tolist()
+        for begin, end, start, stop, owner in zip(
+            run_starts.tolist(), run_ends.tolist(), starts, stops, run_owners, strict=True
+        ):
+            arrays, shard_names, documents = pieces[owner]
+            arrays.append(tokens[start:stop])
+            shard_names.append(f"shards[{shard}][{start}:{stop}]")
+            # A run of one document is a shard without recorded boundaries: one document.
+            many = corpus.has_documents and end - begin > 1
+            documents.append(shard_bounds[begin : end + 1] - start if many else None)
+    result = {}
+    for name, (arrays, shard_names, documents) in zip(names, pieces, strict=True):
+        if not arrays:
+            arrays, shard_names, documents = [corpus.shards[0][:0]], ["shards[0][0:0]"], [None]
+        if corpus.has_documents and all(d is None for d in documents):
+            # Every run one document: record the first's boundaries, so the split says it has
+            # documents (and a split of it splits documents again, not token ranges).
+            documents[0] = np.array([0, arrays[0].shape[0]], dtype=np.int64)
+        label = f"split {name!r}"
+        result[name] = Corpus._from_arrays(
+            arrays, [f"{label} of {n}" for n in shard_names], label, documents
+        )
+    return result
+
+
+def _split_mixture(
+    mixture: Mixture, weights: dict[str, float], seed: int, range_tokens: int
+) -> dict[str, Mixture]:
+    """Each source split alone, then each split's sources mixed with the mixture's weights."""
+    parts = {
+        source: split(corpus, weights, seed=seed, range_tokens=range_tokens)
+        for source, corpus in mixture.sources.items()
+    }
+    source_weights = dict(zip(mixture.names, mixture.integer_weights, strict=True))
+    result = {}
+    for name in weights:
+        for source in mixture.names:
+            if parts[source][name].num_tokens == 0:
+                raise ValueError(
+                    f"split {name!r} of source {source!r} received no tokens; every source of a "
+                    "mixture needs some in every split (give the split a larger fraction)"
+                )
+        result[name] = mix({s: parts[s][name] for s in mixture.names}, source_weights)
+    return result
