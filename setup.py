@@ -1,4 +1,4 @@
-"""Build the compiled window kernel.
+"""Build the compiled kernels (src/tokstream/_kernels/).
 
 ``TOKSTREAM_DEBUG=1`` at build time turns bounds, wraparound and initialisation checks on in the
 kernel (CI runs the parity suite against that build too); the release build relies on the
@@ -29,11 +29,20 @@ extensions = [
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O3"],
         define_macros=[("TOKSTREAM_DEBUG", "1" if DEBUG else "0")],
     )
-    # The window kernel; the document kernel; the mixture kernel; read-ahead advice for
-    # memory-mapped corpora; the plain C loop that benchmarks hold the kernel to; the device's
-    # random-read rate that the cold-cache benchmark holds read-ahead to.
-    for name in ("_windows", "_documents", "_mixture", "_advice", "bench._loop", "bench._device")
+    # The kernels (src/tokstream/_kernels/): the window gather, the document gather, one
+    # corpus's implicit order, the mixture's order, read-ahead advice for memory-mapped corpora.
+    # Then the plain C loop that benchmarks hold the kernels to and the device's random-read
+    # rate that the cold-cache benchmark holds read-ahead to.
+    for name in (
+        "_kernels.gather",
+        "_kernels.documents",
+        "_kernels.order",
+        "_kernels.mixture",
+        "_kernels.advice",
+        "bench._loop",
+        "bench._device",
+    )
 ]
 
-# include_path: the kernels cimport the shared token type from src/tokstream/_types.pxd.
+# include_path: the kernels cimport their shared pieces (src/tokstream/_kernels/*.pxd).
 setup(ext_modules=cythonize(extensions, compiler_directives=directives, include_path=["src"]))

@@ -34,7 +34,7 @@ from functools import partial
 import numpy as np
 
 from tokstream import Corpus, open_tokens, stream_token_source
-from tokstream._advice import resident_fraction
+from tokstream._kernels.advice import resident_fraction
 from tokstream.bench._device import read_at
 
 COLD_SHAPES = ((1024, 64), (128, 512))

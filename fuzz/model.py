@@ -300,7 +300,7 @@ def implicit_order(n: int, seed: int, epoch: int, stream: int = 0):
     source ``s`` of a mixture).
 
     An alternating Feistel network on ``[0, high_size * 2**low_bits)`` (``2**low_bits`` about
-    ``sqrt(n)``), restricted to ``[0, n)`` by cycle walking; see ``tokstream._windows``.
+    ``sqrt(n)``), restricted to ``[0, n)`` by cycle walking; see ``tokstream._kernels.order``.
     """
     low_bits = ((n - 1).bit_length() + 1) // 2
     high_size = -(-n // (1 << low_bits))

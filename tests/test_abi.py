@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import KERNEL_DTYPES
-from tokstream import _windows, reference, stream_token_source
+from tokstream import reference, stream_token_source
+from tokstream._kernels.gather import gather_windows
 
 TOKENS = (np.arange(5000, dtype=np.uint64) * 2654435761 % 50257).astype(np.uint16)
 
@@ -57,5 +58,5 @@ def test_the_kernel_reads_every_dtype_under_the_installed_numpy():
         tokens = np.arange(20).astype(dtype)
         windows = np.empty((2, 3), np.int64)
         next_tokens = np.empty(2, np.int64)
-        _windows.gather_windows(tokens, np.array([0, 16], np.int64), windows, next_tokens)
+        gather_windows(tokens, np.array([0, 16], np.int64), windows, next_tokens)
         assert windows.tolist() == [[0, 1, 2], [16, 17, 18]] and next_tokens.tolist() == [3, 19]

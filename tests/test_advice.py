@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import evict
-from tokstream import _advice
+from tokstream._kernels import advice
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -24,20 +24,20 @@ def _evicted_map(path, num_tokens: int) -> np.memmap:
     np.random.default_rng(0).integers(0, 50000, num_tokens, dtype=np.uint16).tofile(path)
     evict(path)
     tokens = np.memmap(path, dtype=np.uint16, mode="r")
-    if _advice.resident_fraction(tokens) > 0.5:
+    if advice.resident_fraction(tokens) > 0.5:
         pytest.skip("this file system keeps the file in memory (tmpfs?)")
     return tokens
 
 
 def _wait_resident(tokens: np.ndarray, seconds: float = 10.0) -> float:
     deadline = time.monotonic() + seconds
-    while (fraction := _advice.resident_fraction(tokens)) < 1.0 and time.monotonic() < deadline:
+    while (fraction := advice.resident_fraction(tokens)) < 1.0 and time.monotonic() < deadline:
         time.sleep(0.01)
     return fraction
 
 
 def test_available_where_madvise_exists():
-    assert _advice.AVAILABLE is (sys.platform != "win32")
+    assert advice.AVAILABLE is (sys.platform != "win32")
 
 
 @linux_only
@@ -46,41 +46,41 @@ def test_advice_reads_the_advised_windows_pages_and_no_others(tmp_path):
     tokens_per_page = PAGE // 2
     # Windows that start on pages 3, 40 and 100 and span two pages each.
     starts = np.array([3, 40, 100], np.int64) * tokens_per_page + tokens_per_page - 4
-    assert _advice.advise_windows(tokens, starts, 10, 4) == 3
+    assert advice.advise_windows(tokens, starts, 10, 4) == 3
     for page in [3, 4, 40, 41, 100, 101]:
         view = tokens[page * tokens_per_page : (page + 1) * tokens_per_page]
         assert _wait_resident(view) == 1.0, page
-    assert _advice.resident_fraction(tokens) < 0.5
-    assert _advice.resident_fraction(tokens[50 * tokens_per_page : 90 * tokens_per_page]) == 0.0
+    assert advice.resident_fraction(tokens) < 0.5
+    assert advice.resident_fraction(tokens[50 * tokens_per_page : 90 * tokens_per_page]) == 0.0
 
 
 @linux_only
 def test_resident_windows_are_not_advised_again(tmp_path):
     tokens = _evicted_map(tmp_path / "tokens.bin", 16 * PAGE)
     starts = np.arange(0, tokens.shape[0] - 100, 997, dtype=np.int64)
-    assert _advice.advise_windows(tokens, starts, 100, 4) == starts.shape[0]
+    assert advice.advise_windows(tokens, starts, 100, 4) == starts.shape[0]
     for start in starts:
         assert _wait_resident(tokens[start : start + 100]) == 1.0
-    assert _advice.advise_windows(tokens, starts, 100, 4) == 0
+    assert advice.advise_windows(tokens, starts, 100, 4) == 0
     # Without a sample, everything is advised again (cheap for resident pages).
-    assert _advice.advise_windows(tokens, starts, 100, 0) == starts.shape[0]
+    assert advice.advise_windows(tokens, starts, 100, 0) == starts.shape[0]
 
 
 @pytest.mark.parametrize("dtype", ["u1", "i2", "u4", "i8"])
 def test_arrays_in_ram_are_resident_and_never_advised_after_a_sample(dtype):
     tokens = np.arange(100_000).astype(dtype)
     starts = np.array([0, 500, 99_000], np.int64)
-    assert _advice.resident_fraction(tokens) == 1.0
-    assert _advice.advise_windows(tokens, starts, 1000, 4) == 0
+    assert advice.resident_fraction(tokens) == 1.0
+    assert advice.advise_windows(tokens, starts, 1000, 4) == 0
 
 
 def test_nothing_to_advise_is_zero_and_an_empty_array_is_resident():
     empty = np.empty(0, np.uint16)
-    assert _advice.advise_windows(empty, np.empty(0, np.int64), 5, 4) == 0
-    assert _advice.advise_windows(np.arange(10), np.empty(0, np.int64), 5, 4) == 0
-    assert _advice.resident_fraction(empty) == 1.0
+    assert advice.advise_windows(empty, np.empty(0, np.int64), 5, 4) == 0
+    assert advice.advise_windows(np.arange(10), np.empty(0, np.int64), 5, 4) == 0
+    assert advice.resident_fraction(empty) == 1.0
 
 
 def test_a_sample_larger_than_the_batch_checks_each_window_once():
     tokens = np.arange(1000, dtype=np.int64)
-    assert _advice.advise_windows(tokens, np.array([1, 2], np.int64), 3, 1000) == 0
+    assert advice.advise_windows(tokens, np.array([1, 2], np.int64), 3, 1000) == 0

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream import _advice, _documents, _mixture, _windows
+from tokstream._kernels import advice, documents, gather, mixture, order
 from tokstream.bench import _device, _loop
 
 # Modules whose import has a side effect (the command line runs; a deprecated alias warns, which
@@ -98,10 +98,11 @@ def test_help_shows_the_real_signature_of_the_stream() -> None:
 
 
 COMPILED = {
-    "_windows": _windows,
-    "_documents": _documents,
-    "_mixture": _mixture,
-    "_advice": _advice,
+    "_kernels.gather": gather,
+    "_kernels.documents": documents,
+    "_kernels.order": order,
+    "_kernels.mixture": mixture,
+    "_kernels.advice": advice,
     "bench._loop": _loop,
     "bench._device": _device,
 }
@@ -110,12 +111,12 @@ COMPILED = {
 @pytest.mark.parametrize(
     ("module", "name", "first_parameters"),
     [
-        ("_windows", "gather_windows", "tokens, starts, windows"),
-        ("_windows", "permuted_positions", "out, first, stride"),
-        ("_windows", "round_keys", "keys, seed, epoch"),
-        ("_mixture", "divisor", "d"),
-        ("_advice", "advise_windows", "tokens, starts, span"),
-        ("_advice", "resident_fraction", "tokens"),
+        ("_kernels.gather", "gather_windows", "tokens, starts, windows"),
+        ("_kernels.order", "permuted_positions", "out, first, stride"),
+        ("_kernels.order", "round_keys", "keys, seed, epoch"),
+        ("_kernels.mixture", "divisor", "d"),
+        ("_kernels.advice", "advise_windows", "tokens, starts, span"),
+        ("_kernels.advice", "resident_fraction", "tokens"),
         ("bench._loop", "copy_windows", "tokens, starts, windows"),
         ("bench._device", "read_at", "fd, offsets, buffer"),
     ],

@@ -22,9 +22,10 @@ from tests.oracle_documents import (
     expected_batches,
     materialized_orders,
 )
-from tokstream import Corpus, _windows, mix, open_tokens, reference, stream_token_source
-from tokstream._documents import document_pieces, gather_documents
+from tokstream import Corpus, mix, open_tokens, reference, stream_token_source
 from tokstream._gather import WindowGather, _document_buckets
+from tokstream._kernels import DEBUG_BUILD
+from tokstream._kernels.documents import document_pieces, gather_documents
 
 
 def test_from_documents_joins_the_documents_and_records_their_boundaries():
@@ -625,7 +626,7 @@ def test_window_starts_over_many_documents_match_a_searchsorted_oracle(seed):
     np.testing.assert_array_equal(gather.token_starts(windows), expected)
 
 
-@pytest.mark.skipif(not _windows.DEBUG_BUILD, reason="release builds run without bounds checks")
+@pytest.mark.skipif(not DEBUG_BUILD, reason="release builds run without bounds checks")
 def test_debug_build_catches_an_out_of_range_document_window():
     tokens = np.arange(10, dtype=np.int64)
     starts, shift, buckets = np.zeros(0, np.int64), *_document_buckets(np.zeros(0, np.int64), 10)

@@ -13,23 +13,23 @@ import numpy as np
 import pytest
 
 from tests.conftest import KERNEL_DTYPES
-from tokstream import _documents, _windows
 from tokstream._gather import PREFETCH_BYTES, PREFETCH_MAX_WINDOWS, prefetch_distance
+from tokstream._kernels import DEBUG_BUILD, documents, gather
 
 
 def test_loaded_kernel_is_the_compiled_extension():
-    assert _windows.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
-    assert isinstance(_windows.__loader__, importlib.machinery.ExtensionFileLoader)
+    assert gather.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+    assert isinstance(gather.__loader__, importlib.machinery.ExtensionFileLoader)
 
 
 def test_build_kind_is_the_one_ci_asked_for():
     expect_debug = os.environ.get("TOKSTREAM_EXPECT_DEBUG", "0") == "1"
-    assert _windows.DEBUG_BUILD is expect_debug
+    assert DEBUG_BUILD is expect_debug
 
 
 def test_missing_extension_is_a_clear_import_error_not_a_slow_path():
     code = (
-        "import sys; sys.modules['tokstream._windows'] = None\n"
+        "import sys; sys.modules['tokstream._kernels.gather'] = None\n"
         "try:\n    import tokstream\n"
         "except ImportError as e:\n    print('IMPORTERROR', e)\n"
     )
@@ -43,11 +43,11 @@ def test_kernel_gathers_windows_next_tokens_and_shifted_targets(dtype):
     starts = np.array([5, 0, 30, 7], dtype=np.int64)
     windows = np.empty((4, 6), np.int64)
     next_tokens = np.empty(4, np.int64)
-    _windows.gather_windows(tokens, starts, windows, next_tokens)
+    gather.gather_windows(tokens, starts, windows, next_tokens)
     assert windows.tolist() == [list(range(s, s + 6)) for s in starts]
     assert next_tokens.tolist() == [s + 6 for s in starts]
     targets = np.empty((4, 6), np.int64)
-    _windows.gather_windows(tokens, starts, windows, None, targets)
+    gather.gather_windows(tokens, starts, windows, None, targets)
     assert targets.tolist() == [list(range(s + 1, s + 7)) for s in starts]
 
 
@@ -57,7 +57,7 @@ def test_kernel_reads_strided_starts_and_writes_through_rows():
     rows = np.array([3, 2, 1, 0], dtype=np.int64)
     windows = np.empty((4, 3), np.int64)
     next_tokens = np.empty(4, np.int64)
-    _windows.gather_windows(tokens, starts, windows, next_tokens, None, rows)
+    gather.gather_windows(tokens, starts, windows, next_tokens, None, rows)
     assert windows[:, 0].tolist() == [60, 40, 20, 0]
     assert next_tokens.tolist() == [63, 43, 23, 3]
 
@@ -67,16 +67,16 @@ def test_kernel_accepts_read_only_corpora():
     tokens.flags.writeable = False
     windows = np.empty((1, 4), np.int64)
     next_tokens = np.empty(1, np.int64)
-    _windows.gather_windows(tokens, np.array([10], np.int64), windows, next_tokens)
+    gather.gather_windows(tokens, np.array([10], np.int64), windows, next_tokens)
     assert windows.tolist() == [[10, 11, 12, 13]] and next_tokens.tolist() == [14]
 
 
-@pytest.mark.skipif(not _windows.DEBUG_BUILD, reason="release builds run without bounds checks")
+@pytest.mark.skipif(not DEBUG_BUILD, reason="release builds run without bounds checks")
 def test_debug_build_catches_an_out_of_range_window():
     tokens = np.arange(10, dtype=np.int64)
     windows = np.empty((1, 4), np.int64)
     with pytest.raises(IndexError):
-        _windows.gather_windows(tokens, np.array([7], np.int64), windows, np.empty(1, np.int64))
+        gather.gather_windows(tokens, np.array([7], np.int64), windows, np.empty(1, np.int64))
 
 
 def segment_arguments(shards, block, stride, shift=0):
@@ -114,7 +114,7 @@ def test_segment_kernel_gathers_each_window_from_its_own_segment(
     windows, targets = np.empty((40, block), np.int64), np.empty((40, block), np.int64)
     next_tokens = np.empty(40, np.int64)
     described = (shards[0], index, offsets, addresses, lengths, buckets, shift, probes, stride)
-    kernel = _windows.gather_segments
+    kernel = gather.gather_segments
     kernel(*described, np.empty(40, np.int64), windows, next_tokens, None, prefetch)
     expected = np.stack([expected_rows[w] for w in index])
     np.testing.assert_array_equal(windows, expected[:, :-1])
@@ -132,29 +132,29 @@ def test_segment_kernels_read_a_strided_index_and_an_empty_one():
     shard = np.searchsorted(offsets, strided, side="right") - 1
     described = (shards[0], strided, offsets, addresses, lengths, buckets, 2, 2, 1)
     windows, next_tokens = np.empty((len(strided), 6), np.int64), np.empty(len(strided), np.int64)
-    _windows.gather_segments(*described, np.empty(len(strided), np.int64), windows, next_tokens)
+    gather.gather_segments(*described, np.empty(len(strided), np.int64), windows, next_tokens)
     assert (
         windows[:, 0].tolist()
         == (np.array([0, 100, 200])[shard] + strided - offsets[shard]).tolist()
     )
     shard_starts = np.array([0, 30, 42], np.int64)  # the shards laid end to end
     starts = np.empty(len(strided), np.int64)
-    _documents.segment_token_starts(strided, offsets, shard_starts, 1, buckets, 2, 2, starts)
+    documents.segment_token_starts(strided, offsets, shard_starts, 1, buckets, 2, 2, starts)
     assert starts.tolist() == (shard_starts[shard] + strided - offsets[shard]).tolist()
     empty = np.empty(0, np.int64)
-    _windows.gather_segments(
+    gather.gather_segments(
         *described[:1], empty, *described[2:], empty, np.empty((0, 6), np.int64), empty
     )
-    _documents.segment_token_starts(empty, offsets, shard_starts, 1, buckets, 2, 2, empty)
+    documents.segment_token_starts(empty, offsets, shard_starts, 1, buckets, 2, 2, empty)
 
 
-@pytest.mark.skipif(not _windows.DEBUG_BUILD, reason="release builds run without bounds checks")
+@pytest.mark.skipif(not DEBUG_BUILD, reason="release builds run without bounds checks")
 def test_debug_build_catches_a_window_past_its_segment():
     shards = [np.arange(10), np.arange(10)]
     _, offsets, addresses, lengths, buckets = segment_arguments(shards, 4, 1)
     windows, next_tokens = np.empty((1, 4), np.int64), np.empty(1, np.int64)
     with pytest.raises(IndexError, match="inside its segment"):
-        _windows.gather_segments(
+        gather.gather_segments(
             shards[0],
             np.array([5], np.int64),
             offsets,
@@ -177,7 +177,7 @@ def test_software_prefetch_distance_never_changes_the_windows(dtype, prefetch):
     starts = np.random.default_rng(1).integers(0, 500 - 17, 50)
     windows = np.empty((50, 16), np.int64)
     next_tokens = np.empty(50, np.int64)
-    _windows.gather_windows(tokens, starts, windows, next_tokens, None, None, prefetch)
+    gather.gather_windows(tokens, starts, windows, next_tokens, None, None, prefetch)
     want = np.stack([tokens[s : s + 16] for s in starts]).astype(np.int64)
     np.testing.assert_array_equal(windows, want)
     np.testing.assert_array_equal(next_tokens, tokens[starts + 16])
@@ -198,11 +198,11 @@ def test_prefetch_distance_keeps_about_2_kib_ahead_and_skips_long_windows(dtype)
     assert prefetch_distance(128, np.dtype("int64")) == 0
 
 
-PORTABLE_H = Path(__file__).resolve().parent.parent / "src" / "tokstream" / "_portable.h"
+PORTABLE_H = Path(__file__).resolve().parents[1] / "src" / "tokstream" / "_kernels" / "portable.h"
 
 
 def run_portable_c(tmp_path, main: str, defines: list[str], text: str) -> str:
-    """Compile ``main`` (a C program including ``_portable.h``) with ``defines``, feed it
+    """Compile ``main`` (a C program including ``portable.h``) with ``defines``, feed it
     ``text`` and return what it prints; skip without a C compiler or the source tree."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None or not PORTABLE_H.is_file():
@@ -219,7 +219,7 @@ def run_portable_c(tmp_path, main: str, defines: list[str], text: str) -> str:
 MULHI_MAIN = r"""
 #include <stdio.h>
 #include <inttypes.h>
-#include "_portable.h"
+#include "portable.h"
 int main(void) {
     uint64_t a, b;
     while (scanf("%" SCNu64 " %" SCNu64, &a, &b) == 2)
@@ -245,7 +245,7 @@ def test_mulhi_matches_the_exact_product_with_and_without_128_bit_integers(tmp_p
 SEARCH_MAIN = r"""
 #include <stdio.h>
 #include <inttypes.h>
-#include "_portable.h"
+#include "portable.h"
 int main(void) {
     /* Each line: low high value n v[0] ... v[n-1]; prints first64 first16 last16. */
     int64_t low, high, value, n, i, v64[512];
@@ -310,7 +310,7 @@ def test_kernel_maps_window_indices_to_first_tokens_by_stride_and_offset(
     targets, next_tokens = (
         (np.empty((5, block), np.int64), None) if shifted else (None, np.empty(5, np.int64))
     )
-    _windows.gather_windows(tokens, indices, windows, next_tokens, targets, None, 2, stride, offset)
+    gather.gather_windows(tokens, indices, windows, next_tokens, targets, None, 2, stride, offset)
     np.testing.assert_array_equal(windows, expected[:, :-1])
     if shifted:
         np.testing.assert_array_equal(targets, expected[:, 1:])

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 import tokstream.mixture
 from fuzz import model
 from tokstream import Corpus, TokenStream, mix, open_tokens, stream_token_source
-from tokstream._mixture import MixtureWindows, divisor
+from tokstream._kernels.mixture import MixtureWindows, divisor
+from tokstream._kernels.order import permuted_positions
 from tokstream._order import implicit_domain, implicit_round_keys
 from tokstream._state import Cursor
-from tokstream._windows import permuted_positions
 from tokstream.mixture import WEIGHT_TOTAL
 
 SOURCE_STEP = 10**9  # token t of source s is s * SOURCE_STEP + t: a window names its source

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import assert_same_batches, evict
 from tokstream import Corpus, open_tokens, stream_token_source, write_tokens
-from tokstream._advice import resident_fraction
+from tokstream._kernels.advice import resident_fraction
 from tokstream._readahead import WARM_AFTER, WINDOWS_AHEAD
 
 linux_only = pytest.mark.skipif(

@@ -6,10 +6,10 @@ kernel instead of one ``np.stack`` per batch.
 """
 
 try:
-    from tokstream import _windows
+    from tokstream import _kernels
 except ImportError as exc:  # pragma: no cover - exercised only by a broken install
     raise ImportError(
-        "tokstream's compiled kernel (tokstream._windows) could not be imported. tokstream has "
+        "tokstream's compiled kernels (tokstream._kernels) could not be imported. tokstream has "
         "no pure-Python fallback: install a wheel, or build from source with a C compiler "
         "(`pip install .`). Original error: " + str(exc)
     ) from exc
@@ -34,4 +34,4 @@ __all__ = [
     "write_tokens",
 ]
 
-del _windows
+del _kernels

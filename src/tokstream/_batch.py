@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from tokstream._documents import document_pieces
 from tokstream._gather import WindowGather
+from tokstream._kernels.documents import document_pieces
 from tokstream._options import StreamOptions
 
 Batch = Any  # tuple[np.ndarray, np.ndarray] | dict[str, Any]

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from tokstream._advice import advise_windows
-from tokstream._documents import gather_documents, segment_token_starts
+from tokstream._kernels.advice import advise_windows
+from tokstream._kernels.documents import gather_documents, segment_token_starts
+from tokstream._kernels.gather import gather_segments, gather_windows
 from tokstream._options import StreamOptions
 from tokstream._validate import token_id
-from tokstream._windows import gather_segments, gather_windows
 from tokstream.corpus import (
     Corpus,
     _cumulative,
@@ -256,8 +256,9 @@ class WindowGather:
     def advise(self, windows_index: np.ndarray, sample: int) -> int:
         """Ask the OS to start reading these windows, unless a sample of them is in memory.
 
-        See :func:`tokstream._advice.advise_windows`; returns how many windows were advised (0
-        when the sampled windows were all resident, or where ``madvise`` does not exist).
+        See :func:`tokstream._kernels.advice.advise_windows`; returns how many windows were
+        advised (0 when the sampled windows were all resident, or where ``madvise`` does not
+        exist).
         """
         starts = self.token_starts(windows_index)
         span = self.block + 1

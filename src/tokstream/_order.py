@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from tokstream._kernels.order import permuted_positions, round_keys
 from tokstream._memory import available_memory
 from tokstream._options import StreamOptions
 from tokstream._state import Cursor
-from tokstream._windows import permuted_positions, round_keys
 
 MASK64 = (1 << 64) - 1
 FEISTEL_ROUNDS = 6

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from tokstream._gather import WindowGather
-from tokstream._mixture import MixtureWindows
+from tokstream._kernels.mixture import MixtureWindows
 from tokstream._options import StreamOptions
 from tokstream._order import FEISTEL_ROUNDS, WindowOrder, implicit_domain
 from tokstream._state import Cursor

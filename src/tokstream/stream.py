@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from tokstream import _advice, _batch, _state
+from tokstream import _batch, _state
 from tokstream._batch import Batch
 from tokstream._gather import window_space
+from tokstream._kernels import advice
 from tokstream._options import StreamOptions, expose_options, stream_signature
 from tokstream._order import WindowOrder
 from tokstream._prefetch import Prefetcher
@@ -88,7 +89,7 @@ class TokenStream(Iterator[Batch]):
             ReadAhead(self._order, self._gather, options.batch_size)
             if options.shuffle
             and not packed
-            and _advice.AVAILABLE
+            and advice.AVAILABLE
             and next(corpus.memory_maps(), None)
             else None
         )

@@ -1,50 +1,6 @@
-# The small pieces several kernels share, one definition each, inlined where they are used: a
-# window's prefetch and copy, and the segment a window index falls in.
-#
-# They work on pointers: each caller proves that the window's block + 1 tokens lie inside its
-# corpus, that the rows it writes are rows of its buffers and that the tables it passes are
-# whole. The debug build checks the windows where the caller takes the pointers
-# (bounds-checked &tokens[start], &windows[row, 0]) and reads tokens[start + block].
+# The segment a window index falls in (shards, documents, a mixture's sources), inlined in every
+# kernel that looks windows up: the caller proves the tables it passes are whole.
 from libc.stdint cimport int64_t
-from libc.string cimport memcpy
-
-from tokstream._types cimport token_t
-
-cdef extern from "_portable.h":
-    void TOKSTREAM_PREFETCH(const void *p) noexcept nogil
-
-
-cdef inline void prefetch_window(const token_t *window, Py_ssize_t block) noexcept nogil:
-    # Ask for every cache line of the window's block + 1 tokens.
-    cdef Py_ssize_t j = 0, line = max(1, 64 // <Py_ssize_t>sizeof(token_t))
-    while j < block:
-        TOKSTREAM_PREFETCH(&window[j])
-        j += line
-    TOKSTREAM_PREFETCH(&window[block])
-
-
-cdef inline void copy_window(
-    const token_t *source,
-    Py_ssize_t block,
-    int64_t *window,
-    int64_t *target,
-    int64_t *next_token,
-) noexcept nogil:
-    # window[:block] = source[:block], widened to int64; then target[:block] = source[1:], or
-    # (target NULL) next_token[0] = source[block].
-    cdef Py_ssize_t j
-    if token_t is int64_t:
-        memcpy(window, source, block * sizeof(int64_t))
-        if target != NULL:
-            memcpy(target, &source[1], block * sizeof(int64_t))
-    else:
-        for j in range(block):
-            window[j] = source[j]
-        if target != NULL:
-            for j in range(block):
-                target[j] = source[1 + j]
-    if target == NULL:
-        next_token[0] = source[block]
 
 
 cdef inline Py_ssize_t segment_in(

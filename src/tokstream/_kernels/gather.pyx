@@ -1,4 +1,5 @@
-"""The compiled kernels: copy context windows out of a token array, and walk a keyed permutation.
+"""The window kernels: copy context windows (and the token after each, or the shifted windows)
+out of token arrays into a batch's buffers.
 
 Nothing here validates or allocates. The Python side (``tokstream._validate``,
 ``tokstream.corpus`` and ``tokstream.stream``) hands in C-contiguous int64 output buffers of the
@@ -9,9 +10,9 @@ bounds checks off, the debug build (``TOKSTREAM_DEBUG=1`` at build time) with th
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
-from tokstream._inline cimport copy_window, find_segments, prefetch_window
-from tokstream._permute cimport LANES, fill_round_keys, one_permutation, permute_group
-from tokstream._types cimport token_t
+from tokstream._kernels.copy cimport copy_window, prefetch_window
+from tokstream._kernels.segments cimport find_segments
+from tokstream._kernels.types cimport token_t
 
 cdef extern from *:
     """
@@ -159,58 +160,3 @@ def gather_segments(
                 &targets[i, 0] if shifted else NULL,
                 NULL if shifted else &next_tokens[i],
             )
-
-# ---------------------------------------------------------------------------------------------
-# Keyed permutation of [0, n): an alternating Feistel network on a mixed-radix domain
-
-
-def permuted_positions(
-    int64_t[::1] out,
-    int64_t first,
-    int64_t stride,
-    int64_t n,
-    int low_bits,
-    int64_t high_size,
-    const uint64_t[::1] keys,
-):
-    """Write ``pi(first + stride * i)`` to ``out[i]``, with ``pi`` a keyed bijection of [0, n).
-
-    ``pi`` is a Feistel network on ``[0, high_size * 2**low_bits)``, a domain less than
-    ``2**low_bits`` larger than n, restricted to ``[0, n)`` by cycle walking: an output ``>= n``
-    is encrypted again until it lands inside (rare: the domain overshoots n by about sqrt(n)).
-    The walk stays in the cycle of its input, so it comes back below n and the restriction is a
-    bijection. The caller guarantees ``high_size << low_bits >= n``, ``low_bits <= 32``,
-    ``high_size <= 2**32``, an even number of keys and every input position in ``[0, n)``.
-    """
-    cdef Py_ssize_t i = 0, lane, lanes, count = out.shape[0], rounds = keys.shape[0]
-    cdef uint64_t values[LANES]
-    cdef const uint64_t *lane_keys[LANES]
-    cdef int lane_low_bits[LANES]
-    cdef uint64_t lane_sizes[LANES]
-    with nogil:
-        one_permutation(
-            &keys[0] if rounds > 0 else NULL, low_bits, <uint64_t>high_size, lane_keys,
-            lane_low_bits, lane_sizes,
-        )
-        while i < count:
-            lanes = min(LANES, count - i)
-            for lane in range(lanes):
-                values[lane] = <uint64_t>(first + stride * (i + lane))
-            permute_group(
-                values, lanes, lane_keys, rounds, lane_low_bits, lane_sizes, <uint64_t>n
-            )
-            for lane in range(lanes):
-                out[i + lane] = <int64_t>values[lane]
-            i += LANES
-
-
-
-def round_keys(uint64_t[::1] keys, uint64_t seed, uint64_t epoch, uint64_t stream=0):
-    """Fill ``keys`` with the round keys of the implicit permutation of ``epoch``.
-
-    ``stream`` tells apart permutations that share a seed and an epoch: 0 for a single corpus,
-    ``s + 1`` for source ``s`` of a mixture.
-    """
-    cdef Py_ssize_t rounds = keys.shape[0]
-    if rounds > 0:
-        fill_round_keys(seed, stream, epoch, &keys[0], rounds)

@@ -8,11 +8,12 @@ loss mask, in one call. Nothing here validates or allocates; the Python side
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
-from tokstream._inline cimport copy_window, find_segments, prefetch_window
-from tokstream._types cimport token_t
+from tokstream._kernels.copy cimport copy_window, prefetch_window
+from tokstream._kernels.segments cimport find_segments
+from tokstream._kernels.types cimport token_t
 from libc.string cimport memcpy, memset
 
-cdef extern from "_portable.h":
+cdef extern from "portable.h":
     int64_t tokstream_first_equal64(
         const int64_t *values, int64_t low, int64_t high, int64_t value
     ) noexcept nogil
@@ -98,7 +99,7 @@ def gather_documents(
 ):
     """gather_documents(const token_t[::1] tokens, const int64_t[:] starts, int64_t[:, ::1] windows, int64_t[::1] next_tokens, int64_t[:, ::1] targets, const int64_t[:] rows, Py_ssize_t prefetch, const int64_t[::1] document_starts, const int64_t[::1] document_buckets, int bucket_shift, int64_t eos, bint use_eos, int64_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, int64_t[:, ::1] window_scratch)
 
-    :func:`tokstream._windows.gather_windows` (window ``i``, ``block`` tokens from ``starts[i]``,
+    :func:`tokstream._kernels.gather.gather_windows` (window ``i``, ``block`` tokens from ``starts[i]``,
     into row ``rows[i]``, or ``i`` if ``rows`` is None; ``next_tokens`` or ``targets``; prefetch
     ``prefetch`` windows ahead), then each row's position ids and whether each label belongs to
     the same document as the token it is predicted from. Two loops: the copies run as in the

@@ -1,4 +1,4 @@
-"""Stubs for the compiled kernel ``tokstream._windows`` (see ``_windows.pyx``)."""
+"""Stubs for the compiled window kernel ``tokstream._kernels.gather`` (see ``gather.pyx``)."""
 
 import numpy as np
 import numpy.typing as npt
@@ -31,19 +31,4 @@ def gather_segments(
     next_tokens: npt.NDArray[np.int64] | None = ...,  # int64_t[::1], shape (b,)
     targets: npt.NDArray[np.int64] | None = ...,  # int64_t[:, ::1], shape (b, block)
     prefetch: int = ...,  # Py_ssize_t, windows ahead; 0: none
-) -> None: ...
-def permuted_positions(
-    out: npt.NDArray[np.int64],  # int64_t[::1]
-    first: int,  # int64_t
-    stride: int,  # int64_t
-    n: int,  # int64_t
-    low_bits: int,  # int
-    high_size: int,  # int64_t
-    keys: npt.NDArray[np.uint64],  # const uint64_t[::1]
-) -> None: ...
-def round_keys(
-    keys: npt.NDArray[np.uint64],  # uint64_t[::1]
-    seed: int,  # uint64_t
-    epoch: int,  # uint64_t
-    stream: int = ...,  # uint64_t
 ) -> None: ...

@@ -1,4 +1,4 @@
-"""Stubs for the compiled read-ahead advice ``tokstream._advice`` (see ``_advice.pyx``)."""
+"""Stubs for the compiled read-ahead advice ``tokstream._kernels.advice`` (see ``advice.pyx``)."""
 
 import numpy as np
 import numpy.typing as npt

@@ -19,11 +19,11 @@ import math
 
 import numpy as np
 
-from tokstream._permute cimport (
+from tokstream._kernels.permute cimport (
     LANES, encrypt, encrypt_lanes, fill_round_keys, one_permutation, permute_group, walk,
 )
 
-cdef extern from "_portable.h":
+cdef extern from "portable.h":
     uint64_t tokstream_mulhi64(uint64_t a, uint64_t b) noexcept nogil
 
 cdef extern from *:

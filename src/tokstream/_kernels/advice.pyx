@@ -18,7 +18,7 @@ Where ``madvise`` does not exist (Windows) every function here is a harmless no-
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
-from tokstream._types cimport token_t
+from tokstream._kernels.types cimport token_t
 
 cdef extern from *:
     """

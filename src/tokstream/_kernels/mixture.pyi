@@ -1,4 +1,4 @@
-"""Type stubs of the compiled mixture kernel (src/tokstream/_mixture.pyx)."""
+"""Type stubs of the compiled mixture kernel (src/tokstream/_kernels/mixture.pyx)."""
 
 from collections.abc import Sequence
 

@@ -1,9 +1,9 @@
-# The keyed permutation of [0, n) the implicit orders use (one corpus in _windows.pyx, each
-# source-epoch of a mixture in _mixture.pyx): an alternating Feistel network on a mixed-radix
+# The keyed permutation of [0, n) the implicit orders use (one corpus in order.pyx, each
+# source-epoch of a mixture in mixture.pyx): an alternating Feistel network on a mixed-radix
 # domain, restricted to [0, n) by cycle walking. One definition, inlined where it is used.
 from libc.stdint cimport uint64_t
 
-cdef extern from "_portable.h":
+cdef extern from "portable.h":
     uint64_t tokstream_mulhi64(uint64_t a, uint64_t b) noexcept nogil
 
 

@@ -1,4 +1,4 @@
-"""Stubs for the compiled document kernel ``tokstream._documents`` (see ``_documents.pyx``)."""
+"""Stubs for the compiled document kernel ``tokstream._kernels.documents`` (documents.pyx)."""
 
 import numpy as np
 import numpy.typing as npt
