@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -306,3 +307,14 @@ def test_bad_corpus_or_paths_is_an_error_naming_it():
         split(np.array(["a", "b"]), {"train": 1})
     with pytest.raises(FileNotFoundError):
         split("/nonexistent/tokens.npy", {"train": 1})
+
+
+def test_a_split_of_mapped_files_pickles_as_files_and_offsets_not_tokens(tmp_path):
+    # Spawned DataLoader workers receive the corpus pickled: views of a mapped file must travel
+    # as the file and their offsets, not as a copy of every token.
+    path = write_tokens(tmp_path / "t.npy", np.arange(2_000_000) % 50_000)
+    parts = split(tokstream.open_tokens(path), {"train": 0.9, "valid": 0.1}, range_tokens=1 << 14)
+    for part in parts.values():
+        restored = pickle.loads(pickle.dumps(part))
+        assert len(pickle.dumps(part)) < 20_000 < part.num_tokens  # the tokens are 4 MB or more
+        assert shards_of(restored) == shards_of(part)
