@@ -85,7 +85,8 @@ def test_readers_record_documents_per_shard_and_they_are_checked():
         (np.array([0, 4]), "rise from 0"),
         (np.array([0, 3, 2, 5]), "decrease"),
         (np.array([0.0, 5.0]), "integer array"),
-        (np.array([5]), "at least 2"),
+        (np.array([5]), "rise from 0"),  # [0] alone is an empty shard of no documents
+        (np.array([], dtype=np.int64), "at least 1 offset"),
     ]:
         with pytest.raises(ValueError, match=match):
             Corpus._from_arrays(arrays, ["a", "b"], "files", [offsets, None])
