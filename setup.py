@@ -30,7 +30,8 @@ extensions = [
         define_macros=[("TOKSTREAM_DEBUG", "1" if DEBUG else "0")],
     )
     # The kernels (src/tokstream/_kernels/): the window gather, the document gather, one
-    # corpus's implicit order, the mixture's order, read-ahead advice for memory-mapped corpora.
+    # corpus's implicit order, the mixture's order, read-ahead advice for memory-mapped corpora,
+    # packed rows (best fit, the rows' copy).
     # Then the plain C loop that benchmarks hold the kernels to and the device's random-read
     # rate that the cold-cache benchmark holds read-ahead to.
     for name in (
@@ -39,6 +40,7 @@ extensions = [
         "_kernels.order",
         "_kernels.mixture",
         "_kernels.advice",
+        "_kernels.pack",
         "bench._loop",
         "bench._device",
     )

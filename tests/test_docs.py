@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream._kernels import advice, documents, gather, mixture, order
+from tokstream._kernels import advice, documents, gather, mixture, order, pack
 from tokstream.bench import _device, _loop
 
 # Modules whose import has a side effect (the command line runs; a deprecated alias warns, which
@@ -103,6 +103,7 @@ COMPILED = {
     "_kernels.order": order,
     "_kernels.mixture": mixture,
     "_kernels.advice": advice,
+    "_kernels.pack": pack,
     "bench._loop": _loop,
     "bench._device": _device,
 }
@@ -117,6 +118,8 @@ COMPILED = {
         ("_kernels.mixture", "divisor", "d"),
         ("_kernels.advice", "advise_windows", "tokens, starts, span"),
         ("_kernels.advice", "resident_fraction", "tokens"),
+        ("_kernels.pack", "best_fit", "lengths, capacity, rows"),
+        ("_kernels.pack", "fill_packed", "anchor, addresses, lengths"),
         ("bench._loop", "copy_windows", "tokens, starts, windows"),
         ("bench._device", "read_at", "fd, offsets, buffer"),
     ],

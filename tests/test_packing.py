@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests import oracle_packing
+from tests.oracle_packing import fill_rows
 from tokstream import Corpus
-from tokstream.packing import Packing, best_fit, fill_rows, piece_counts
+from tokstream.packing import Packing, best_fit, piece_counts
 
 PAD = -1
 
@@ -25,7 +27,7 @@ def boundaries_of(lengths: list[int]) -> np.ndarray:
 
 
 def epoch_batch(packing: Packing, epoch: int) -> dict[str, np.ndarray]:
-    tokens = np.arange(int(packing._boundaries[-1]), dtype=np.int64)
+    tokens = np.arange(int(packing.boundaries[-1]), dtype=np.int64)
     rows = packing.rows(epoch, np.arange(packing.num_rows, dtype=np.int64))
     return fill_rows((tokens,), np.zeros(1, np.int64), rows, packing.block, PAD)
 
@@ -111,7 +113,7 @@ def test_every_epoch_keeps_the_packing_contract(lengths, block, shuffle, seed, g
         boundaries_of(lengths), block, shuffle=shuffle, seed=seed, group_documents=group_documents
     )
     for epoch in range(2):
-        check_contract(packing._boundaries, block, epoch_batch(packing, epoch))
+        check_contract(packing.boundaries, block, epoch_batch(packing, epoch))
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -121,7 +123,7 @@ def test_documents_of_exactly_block_plus_one_tokens_fill_rows_alone(shuffle, len
     packing = Packing(boundaries_of([length] * 30), block, shuffle=shuffle, seed=3)
     assert packing.num_rows == 30
     batch = epoch_batch(packing, 1)
-    check_contract(packing._boundaries, block, batch)
+    check_contract(packing.boundaries, block, batch)
     assert (batch["labels"] != PAD).all()
 
 
@@ -142,7 +144,7 @@ def test_one_huge_document_is_cut_like_stride_block_windows():
     packing = Packing(boundaries_of([3, 1000, 4]), block, shuffle=True, seed=1)
     full, short = piece_counts(np.array([1000]), block)
     assert full.tolist() == [124] and short.tolist() == [8]  # 999 labels = 124 * 8 + 7
-    check_contract(packing._boundaries, block, epoch_batch(packing, 0))
+    check_contract(packing.boundaries, block, epoch_batch(packing, 0))
 
 
 def test_a_corpus_without_documents_packs_each_shard_as_one():
@@ -190,7 +192,7 @@ def test_any_samples_are_the_rows_of_the_whole_epoch():
     packing = Packing(boundaries_of(lognormal_lengths(2000, 1)), 256, shuffle=True, seed=9)
     whole = packing.rows(3, np.arange(packing.num_rows))
     samples = np.random.default_rng(0).permutation(packing.num_rows)[:50]
-    fresh = Packing(packing._boundaries, 256, shuffle=True, seed=9)
+    fresh = Packing(packing.boundaries, 256, shuffle=True, seed=9)
     some = fresh.rows(3, samples)
     for i, sample in enumerate(samples.tolist()):
         low, high = whole.row_offsets[sample], whole.row_offsets[sample + 1]
@@ -203,3 +205,17 @@ def test_best_fit_places_each_item_in_the_tightest_open_row():
     assert best_fit(np.array([6, 5, 4, 3, 2]), 10).tolist() == [0, 1, 0, 1, 1]
     assert best_fit(np.array([6, 5, 5, 6]), 10).tolist() == [0, 1, 1, 2]
     assert best_fit(np.array([], np.int64), 10).tolist() == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(capacity=st.integers(1, 200), data=st.data())
+def test_best_fit_matches_its_definition(capacity, data):
+    lengths = data.draw(st.lists(st.integers(1, capacity), max_size=80))
+    got = best_fit(np.array(lengths, np.int64), capacity).tolist()
+    assert got == oracle_packing.best_fit(lengths, capacity)
+
+
+@pytest.mark.parametrize("lengths", [[0], [11], [-1]])
+def test_best_fit_refuses_lengths_outside_the_capacity(lengths):
+    with pytest.raises(ValueError, match="best_fit"):
+        best_fit(np.array(lengths), 10)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.oracle_packing import fill_rows
 from tests.test_packing import PAD, boundaries_of, check_contract, layouts, lognormal_lengths
 from tokstream import Corpus, mix, stream_token_source
 
@@ -183,3 +184,21 @@ def test_a_mixture_cannot_be_packed_yet():
     sources = {"a": corpus_of([5, 6]), "b": corpus_of([3, 9])}
     with pytest.raises(ValueError, match="mixture"):
         packed(mix(sources, {"a": 1, "b": 1}), extras=())
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.uint64, np.int8])
+def test_the_compiled_fill_is_the_oracle_s_over_shards_of_any_dtype(dtype):
+    rng = np.random.default_rng(int(np.dtype(dtype).itemsize))
+    shards = [rng.integers(0, 100, n).astype(dtype) for n in (40, 300, 7, 1000)]
+    corpus = Corpus(shards)
+    stream = stream_token_source(
+        corpus, 16, 7, windows="packed", pad=101, epochs=2, extras=EXTRAS, seed=3
+    )
+    space, rows = stream._gather, stream.batches_per_epoch
+    for step, batch in enumerate(stream):
+        epoch, first = divmod(step, rows)
+        samples = np.arange(first * 7, min((first + 1) * 7, space.num_windows))
+        pieces = space.packing.rows(epoch, samples)
+        shard_starts = corpus.shard_starts
+        expected = fill_rows(corpus.shards, shard_starts, pieces, 16, 101)
+        same(batch, expected)

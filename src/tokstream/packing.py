@@ -39,18 +39,13 @@ shuffled).
 
 from __future__ import annotations
 
-import bisect
-import hashlib
 from typing import NamedTuple
 
 import numpy as np
 
 from tokstream import _order
-from tokstream._options import StreamOptions
-from tokstream._order import WindowOrder
-from tokstream._state import Cursor
-from tokstream._validate import token_id
-from tokstream.corpus import Corpus
+from tokstream._kernels import pack as _pack
+from tokstream._kernels.order import permuted_positions
 
 #: About this many rows per group: enough that the group's last, partly filled rows are a small
 #: share of its slots (best fit decreasing over such a group pads about 0.05-0.2% of the slots
@@ -88,27 +83,31 @@ def permuted(n: int, seed: int, epoch: int, stream: int, first: int, count: int)
     if count:
         low_bits, high_size = _order.implicit_domain(n)
         keys = _order.implicit_round_keys(seed, epoch, stream=stream & _order.MASK64)
-        _order.permuted_positions(out, first, 1, n, low_bits, high_size, keys)
+        permuted_positions(out, first, 1, n, low_bits, high_size, keys)
     return out
 
 
 def best_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
-    """The row of each item placed in the given order by best fit: into the open row whose free
-    slots it leaves fewest (the earliest such row on a tie), else a new row."""
-    rows = np.empty(lengths.shape[0], np.int64)
-    free: list[tuple[int, int]] = []  # (free slots, row) of rows with room, sorted
-    opened = 0
-    for i, length in enumerate(lengths.tolist()):
-        at = bisect.bisect_left(free, (length, -1))
-        if at == len(free):
-            row, left = opened, capacity - length
-            opened += 1
-        else:
-            left, row = free.pop(at)
-            left -= length
-        rows[i] = row
-        if left:
-            bisect.insort(free, (left, row))
+    """The row of each item placed in the given order by best fit: into an open row it leaves
+    the fewest free slots in, else a new row. Of several such rows, the one that reached that
+    free count last (a stack per free count, so the compiled loop finds it in O(1)).
+
+    Every length must lie in ``[1, capacity]``.
+    """
+    count = lengths.shape[0]
+    lengths = np.ascontiguousarray(lengths, np.int64)
+    if count and not (1 <= lengths.min() and lengths.max() <= capacity):
+        raise ValueError(f"best_fit: lengths must lie in [1, {capacity}]")
+    rows = np.empty(count, np.int64)
+    _pack.best_fit(
+        lengths,
+        capacity,
+        rows,
+        np.full(capacity + 1, -1, np.int64),
+        np.zeros(capacity // 64 + 1, np.uint64),
+        np.empty(count, np.int64),
+        np.empty(count, np.int64),
+    )
     return rows
 
 
@@ -172,7 +171,7 @@ class Packing:
         self.block = block
         self.shuffle = shuffle
         self.seed = seed
-        self._boundaries = boundaries
+        self.boundaries = boundaries
         self.num_documents = boundaries.shape[0] - 1
         if group_documents is None:
             mean = max(1.0, float(boundaries[-1] - boundaries[0]) / max(1, self.num_documents))
@@ -202,8 +201,8 @@ class Packing:
     def _pieces(self, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(document starts, full pieces, short piece lengths, short piece starts)``."""
         documents = self.group_documents_of(group)
-        starts = self._boundaries[documents]
-        full, short = piece_counts(self._boundaries[documents + 1] - starts, self.block)
+        starts = self.boundaries[documents]
+        full, short = piece_counts(self.boundaries[documents + 1] - starts, self.block)
         return starts, full, short, starts + full * self.block
 
     def _canonical(self, short: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -234,14 +233,17 @@ class Packing:
         np.cumsum(full, out=full_offsets[1:])
         total = int(self.group_rows[group])
         packed_rows = total - int(full_offsets[-1])
-        items, rows = self._canonical(short)
-        if self.shuffle and items.shape[0]:
-            order = permuted(items.shape[0], self.seed, epoch, _PIECE_ORDER + group, 0, len(items))
-            shuffled = np.flatnonzero(short)[order]
-            shuffled = shuffled[np.argsort(-(short[shuffled] // JITTER_QUANTUM), kind="stable")]
-            jittered = best_fit(short[shuffled], self.block + 1)
-            if jittered.max() < packed_rows:
-                items, rows = shuffled, jittered
+        rows = None
+        if self.shuffle and packed_rows:
+            items = np.flatnonzero(short)
+            count = items.shape[0]
+            items = items[permuted(count, self.seed, epoch, _PIECE_ORDER + group, 0, count)]
+            items = items[np.argsort(-(short[items] // JITTER_QUANTUM), kind="stable")]
+            rows = best_fit(short[items], self.block + 1)
+            if rows.max() >= packed_rows:
+                rows = None  # more rows than the group has: the canonical packing this epoch
+        if rows is None:
+            items, rows = self._canonical(short)
         rows = _fill_empty_rows(rows, packed_rows)
         by_row = np.argsort(rows, kind="stable")
         items, rows = items[by_row], rows[by_row]
@@ -279,32 +281,54 @@ class Packing:
         order, offsets = self.epoch_offsets(epoch)
         slots = np.searchsorted(offsets, samples, side="right") - 1
         counts = np.empty(samples.shape[0], np.int64)
-        starts: list[np.ndarray] = [np.empty(0, np.int64)] * samples.shape[0]
-        lengths: list[np.ndarray] = [np.empty(0, np.int64)] * samples.shape[0]
+        starts, lengths, sample_of = [], [], []
         for slot in np.unique(slots).tolist():
             where = np.flatnonzero(slots == slot)
             packed = self.group(int(order[slot]), epoch)
             local = samples[where] - offsets[slot]
             if packed.row_order is not None:
                 local = packed.row_order[local]
-            for i, row in zip(where.tolist(), local.tolist(), strict=True):
-                starts[i], lengths[i] = self._row(packed, row)
-                counts[i] = lengths[i].shape[0]
+            counts[where], slot_starts, slot_lengths = self._rows(packed, local)
+            starts.append(slot_starts)
+            lengths.append(slot_lengths)
+            sample_of.append(np.repeat(where, counts[where]))
         row_offsets = np.zeros(samples.shape[0] + 1, np.int64)
         np.cumsum(counts, out=row_offsets[1:])
         if not samples.shape[0]:
             return RowPieces(row_offsets, np.empty(0, np.int64), np.empty(0, np.int64))
-        return RowPieces(row_offsets, np.concatenate(starts), np.concatenate(lengths))
+        starts, lengths = np.concatenate(starts), np.concatenate(lengths)
+        sample = np.concatenate(sample_of)
+        if (sample[1:] < sample[:-1]).any():
+            by_sample = np.argsort(sample, kind="stable")
+            starts, lengths = starts[by_sample], lengths[by_sample]
+        return RowPieces(row_offsets, starts, lengths)
 
-    def _row(self, packed: PackedGroup, row: int) -> tuple[np.ndarray, np.ndarray]:
+    def _rows(
+        self, packed: PackedGroup, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(pieces per row, their starts, their lengths)`` of a group's ``rows``."""
         fulls = int(packed.full_offsets[-1])
-        if row < fulls:
-            document = int(np.searchsorted(packed.full_offsets, row, side="right")) - 1
-            piece = row - int(packed.full_offsets[document])
-            start = int(packed.document_starts[document]) + piece * self.block
-            return np.array([start], np.int64), np.array([self.block + 1], np.int64)
-        low, high = packed.row_offsets[row - fulls], packed.row_offsets[row - fulls + 1]
-        return packed.piece_starts[low:high], packed.piece_lengths[low:high]
+        full = rows < fulls
+        counts = np.ones(rows.shape[0], np.int64)
+        short = rows[~full] - fulls
+        low = packed.row_offsets[short]
+        counts[~full] = packed.row_offsets[short + 1] - low
+        firsts = np.cumsum(counts) - counts
+        starts = np.empty(int(counts.sum()), np.int64)
+        lengths = np.empty_like(starts)
+        # A full row: piece k of a document, from its (k * block)-th token.
+        document = np.searchsorted(packed.full_offsets, rows[full], side="right") - 1
+        piece = rows[full] - packed.full_offsets[document]
+        starts[firsts[full]] = packed.document_starts[document] + piece * self.block
+        lengths[firsts[full]] = self.block + 1
+        # A packed row: its short pieces, in placement order.
+        many = counts[~full]
+        within = np.arange(int(many.sum())) - np.repeat(np.cumsum(many) - many, many)
+        taken = np.repeat(low, many) + within
+        at = np.repeat(firsts[~full], many) + within
+        starts[at] = packed.piece_starts[taken]
+        lengths[at] = packed.piece_lengths[taken]
+        return counts, starts, lengths
 
 
 def _fill_empty_rows(rows: np.ndarray, count: int) -> np.ndarray:
@@ -315,148 +339,11 @@ def _fill_empty_rows(rows: np.ndarray, count: int) -> np.ndarray:
     if used >= count:
         return rows
     rows = rows.copy()
-    members = [[] for _ in range(used)]
-    for i, row in enumerate(rows.tolist()):
-        members[row].append(i)
+    members = np.bincount(rows, minlength=count)
     for row in range(used, count):
-        fullest = max(range(len(members)), key=lambda r: (len(members[r]), -r))
-        moved = members[fullest].pop()
+        fullest = int(np.argmax(members))
+        moved = int(np.flatnonzero(rows == fullest)[-1])
         rows[moved] = row
-        members.append([moved])
+        members[fullest] -= 1
+        members[row] = 1
     return rows
-
-
-def fill_rows(
-    shards: tuple[np.ndarray, ...],
-    shard_starts: np.ndarray,
-    pieces: RowPieces,
-    block: int,
-    pad: int,
-) -> dict[str, np.ndarray]:
-    """A packed batch of the rows ``pieces`` in NumPy: every array the stream can return.
-
-    ``input_ids`` and ``labels`` (slots ``[0, block)`` and ``[1, block + 1)``, padding ``pad``),
-    ``loss_mask`` (False where the label is padding or starts another piece), ``document_ids``
-    (the piece of each input slot within its row, the padding a piece of its own),
-    ``position_ids`` (restarting at every piece and at the padding) and ``cu_seqlens`` with
-    ``max_seqlen`` (the pieces of the flattened inputs, the padding one of them).
-    """
-    rows, width = pieces.row_offsets.shape[0] - 1, block + 1
-    lengths = pieces.lengths
-    per_row = np.diff(pieces.row_offsets)
-    # Each piece's first slot: its row's first slot plus the tokens before it in the row.
-    ends = np.cumsum(lengths)
-    firsts = ends - lengths
-    before = np.concatenate([[0], ends])[pieces.row_offsets]  # tokens before each row
-    filled = np.diff(before)
-    row_of_piece = np.repeat(np.arange(rows, dtype=np.int64), per_row)
-    first_slots = row_of_piece * width + firsts - before[row_of_piece]
-    slots = np.full(rows * width, pad, np.int64)
-    piece_of_slot = np.repeat(np.arange(lengths.shape[0]), lengths)
-    within = np.arange(piece_of_slot.shape[0]) - np.repeat(firsts, lengths)
-    tokens = np.repeat(pieces.starts, lengths) + within
-    shard_of = np.searchsorted(shard_starts, tokens, side="right") - 1
-    values = np.empty(tokens.shape[0], np.int64)
-    for shard in np.unique(shard_of).tolist():
-        where = shard_of == shard
-        values[where] = shards[shard][tokens[where] - shard_starts[shard]]
-    slots[np.repeat(first_slots, lengths) + within] = values
-    slots = slots.reshape(rows, width)
-    used = np.zeros(rows * width, bool)
-    used[np.repeat(first_slots, lengths) + within] = True
-    starts = np.zeros(rows * width, bool)
-    starts[first_slots] = True
-    # The padding starts a piece of its own where the row's pieces end before its last slot.
-    padded = np.flatnonzero(filled < width)
-    starts[padded * width + filled[padded]] = True
-    used, starts = used.reshape(rows, width), starts.reshape(rows, width)
-    document_ids = np.cumsum(starts, axis=1, dtype=np.int64) - 1
-    columns = np.broadcast_to(np.arange(width), (rows, width))
-    position_ids = columns - np.maximum.accumulate(np.where(starts, columns, 0), axis=1)
-    piece_starts = np.flatnonzero(starts[:, :block].ravel())
-    cu_seqlens = np.append(piece_starts, rows * block).astype(np.int32)
-    return {
-        "input_ids": np.ascontiguousarray(slots[:, :block]),
-        "labels": np.ascontiguousarray(slots[:, 1:]),
-        "loss_mask": used[:, 1:] & ~starts[:, 1:],
-        "document_ids": np.ascontiguousarray(document_ids[:, :block]).astype(np.int32),
-        "position_ids": np.ascontiguousarray(position_ids[:, :block]),
-        "cu_seqlens": cu_seqlens,
-        "max_seqlen": int(np.diff(cu_seqlens).max(initial=0)),
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# The stream's side: packed rows as its window index space, and their order
-
-
-class PackedSpace:
-    """A packed stream's samples, in the stream's window-space interface.
-
-    The stream's window index of a sample is ``epoch * num_windows + position`` (its order
-    position in that epoch, all ranks together): a packed row depends on its epoch, and the
-    order hands it over in the index (:class:`PackedOrder`).
-    """
-
-    def __init__(self, corpus: Corpus, options: StreamOptions) -> None:
-        self.corpus = corpus
-        self.block = options.block
-        self.pad = token_id(options.pad, corpus.dtype, "pad")
-        boundaries = (
-            corpus.document_boundaries
-            if options.eos is None
-            else corpus.boundaries_with_eos(options.eos)
-        )
-        self.packing = Packing(
-            boundaries, options.block, shuffle=options.shuffle, seed=options.seed
-        )
-        self.num_windows = self.packing.num_rows
-        self._shard_starts = corpus.shard_starts.copy()
-
-    def segments_sha256(self) -> str:
-        """A hash of the documents packed and of the groups they are cut into."""
-        packing = self.packing
-        digest = hashlib.sha256(np.ascontiguousarray(packing._boundaries, "<i8").data)
-        digest.update(np.ascontiguousarray(packing.group_rows, "<i8").data)
-        digest.update(str(packing.group_documents).encode())
-        return digest.hexdigest()
-
-    def __call__(
-        self,
-        windows_index: np.ndarray,
-        windows: np.ndarray,
-        next_tokens: np.ndarray | None = None,
-        targets: np.ndarray | None = None,
-        position_ids: np.ndarray | None = None,
-        label_continues: np.ndarray | None = None,
-        document_ids: np.ndarray | None = None,
-    ) -> None:
-        """Fill a batch's buffers with the rows of ``windows_index`` (see the class)."""
-        rows, wide = windows_index.shape[0], (windows_index.shape[0], self.block)
-        buffers = (windows, targets, position_ids, label_continues, document_ids)
-        if next_tokens is not None or any(b is not None and b.shape != wide for b in buffers):
-            raise ValueError(f"a batch buffer is not {wide}: reshaped in place?")
-        if not rows:
-            return
-        epoch, positions = np.divmod(windows_index, max(1, self.num_windows))
-        pieces = self.packing.rows(int(epoch[0]), positions)
-        batch = fill_rows(self.corpus.shards, self._shard_starts, pieces, self.block, self.pad)
-        windows[...] = batch["input_ids"]
-        targets[...] = batch["labels"]
-        if position_ids is not None:
-            position_ids[...] = batch["position_ids"]
-        if label_continues is not None:
-            label_continues[...] = batch["loss_mask"]
-        if document_ids is not None:
-            document_ids[...] = batch["document_ids"]
-
-
-class PackedOrder(WindowOrder):
-    """The order of a packed stream's samples: positions ``0 .. num_rows - 1`` of each epoch,
-    shared by the ranks as windows are; the shuffle is the packing's own (groups and rows in
-    keyed orders per epoch), so the positions themselves are not permuted again."""
-
-    def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
-        first = cursor.position + self._rank
-        positions = np.arange(first, first + self._world * count, self._world, dtype=np.int64)
-        return positions + cursor.epoch * max(1, self.num_windows)

@@ -24,12 +24,12 @@ from tokstream._gather import window_space
 from tokstream._kernels import advice
 from tokstream._options import StreamOptions, expose_options, stream_signature
 from tokstream._order import WindowOrder
+from tokstream._packed import PackedOrder, PackedSpace
 from tokstream._prefetch import Prefetcher
 from tokstream._readahead import ReadAhead
 from tokstream._state import Cursor
 from tokstream.corpus import Corpus
 from tokstream.mixture import Mixture, MixtureOrder, stream_source
-from tokstream.packing import PackedOrder, PackedSpace
 
 
 @expose_options

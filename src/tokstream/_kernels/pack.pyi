@@ -1,0 +1,26 @@
+"""Stubs for the compiled packing kernel ``tokstream._kernels.pack`` (see ``pack.pyx``)."""
+
+import numpy as np
+import numpy.typing as npt
+
+def best_fit(
+    lengths: npt.NDArray[np.int64],  # const int64_t[::1]
+    capacity: int,  # int64_t
+    rows: npt.NDArray[np.int64],  # int64_t[::1]
+    stack_heads: npt.NDArray[np.int64],  # int64_t[::1]
+    nonempty: npt.NDArray[np.uint64],  # uint64_t[::1]
+    stack_next: npt.NDArray[np.int64],  # int64_t[::1]
+    free_of_row: npt.NDArray[np.int64],  # int64_t[::1]
+) -> int: ...
+def fill_packed(
+    anchor: npt.NDArray[np.integer],  # const token_t[::1]
+    addresses: npt.NDArray[np.uint64],  # const uint64_t[::1]
+    lengths: npt.NDArray[np.int64],  # const int64_t[::1]
+    row_offsets: npt.NDArray[np.int64],  # const int64_t[::1]
+    pad: int,  # int64_t
+    input_ids: npt.NDArray[np.int64],  # int64_t[:, ::1]
+    labels: npt.NDArray[np.int64],  # int64_t[:, ::1]
+    label_continues: npt.NDArray[np.uint8] | None,  # uint8_t[:, ::1]
+    position_ids: npt.NDArray[np.int64] | None,  # int64_t[:, ::1]
+    document_ids: npt.NDArray[np.int32] | None,  # int32_t[:, ::1]
+) -> None: ...

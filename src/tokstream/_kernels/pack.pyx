@@ -1,0 +1,170 @@
+"""The packing kernels: best fit over a group's pieces, and packed rows copied into a batch.
+
+Nothing here validates or allocates; the Python side (``tokstream.packing``) proves every index
+and address in range and hands in the scratch arrays.
+"""
+
+cimport cython
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
+
+from tokstream._kernels.types cimport token_t
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    static inline int tokstream_lowest_bit(unsigned long long x) { return __builtin_ctzll(x); }
+    #else
+    static inline int tokstream_lowest_bit(unsigned long long x) {
+        int n = 0;
+        while (!(x & 1ULL)) { x >>= 1; n++; }
+        return n;
+    }
+    #endif
+    """
+    int tokstream_lowest_bit(unsigned long long x) noexcept nogil
+
+
+# ---------------------------------------------------------------------------------------------
+# Best fit
+
+
+def best_fit(
+    const int64_t[::1] lengths,
+    int64_t capacity,
+    int64_t[::1] rows,
+    int64_t[::1] stack_heads,
+    uint64_t[::1] nonempty,
+    int64_t[::1] stack_next,
+    int64_t[::1] free_of_row,
+):
+    """best_fit(const int64_t[::1] lengths, int64_t capacity, int64_t[::1] rows, int64_t[::1] stack_heads, uint64_t[::1] nonempty, int64_t[::1] stack_next, int64_t[::1] free_of_row) -> int
+
+    :func:`tokstream.packing.best_fit` into ``rows``; returns the number of rows opened.
+
+    Rows with room are kept on one stack per free count (``stack_heads[f]``, linked through
+    ``stack_next``; -1 ends a stack), and ``nonempty`` has bit ``f`` set while stack ``f``
+    holds a row, so the tightest row an item fits is the first set bit at or above its length:
+    a few word reads, whatever the number of rows. The caller guarantees ``1 <= lengths[i] <=
+    capacity``, ``stack_heads`` of ``capacity + 1`` entries all -1 and ``nonempty`` of
+    ``capacity // 64 + 1`` zero words, ``stack_next`` and ``free_of_row`` of at least
+    ``len(lengths)`` entries, ``rows`` of ``len(lengths)``.
+    """
+    cdef Py_ssize_t count = lengths.shape[0], words = nonempty.shape[0], i, word
+    cdef int64_t opened = 0, length, free, row, left
+    cdef uint64_t bits
+    with nogil:
+        for i in range(count):
+            length = lengths[i]
+            # The first nonempty stack at or above length (free counts <= capacity < 64 * words).
+            word = length >> 6
+            bits = nonempty[word] & (~<uint64_t>0 << (length & 63))
+            while bits == 0:
+                word += 1
+                if word == words:
+                    break
+                bits = nonempty[word]
+            if bits == 0:
+                row = opened
+                opened += 1
+                left = capacity - length
+            else:
+                free = (<int64_t>word << 6) + tokstream_lowest_bit(bits)
+                row = stack_heads[free]
+                stack_heads[free] = stack_next[row]
+                if stack_heads[free] < 0:
+                    nonempty[free >> 6] &= ~(<uint64_t>1 << (free & 63))
+                left = free - length
+            rows[i] = row
+            free_of_row[row] = left
+            if left > 0:
+                # left < capacity + 1 entries of stack_heads; row < opened <= count.
+                stack_next[row] = stack_heads[left]
+                stack_heads[left] = row
+                nonempty[left >> 6] |= <uint64_t>1 << (left & 63)
+    return opened
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed rows
+
+
+# Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
+@cython.embedsignature(False)
+def fill_packed(
+    const token_t[::1] anchor,
+    const uint64_t[::1] addresses,
+    const int64_t[::1] lengths,
+    const int64_t[::1] row_offsets,
+    int64_t pad,
+    int64_t[:, ::1] input_ids,
+    int64_t[:, ::1] labels,
+    uint8_t[:, ::1] label_continues,
+    int64_t[:, ::1] position_ids,
+    int32_t[:, ::1] document_ids,
+):
+    """fill_packed(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] lengths, const int64_t[::1] row_offsets, int64_t pad, int64_t[:, ::1] input_ids, int64_t[:, ::1] labels, uint8_t[:, ::1] label_continues, int64_t[:, ::1] position_ids, int32_t[:, ::1] document_ids)
+
+    Row ``r`` of the batch: pieces ``row_offsets[r] .. row_offsets[r + 1] - 1`` laid side by
+    side from slot 0 of ``block + 1`` slots, piece ``i`` the ``lengths[i]`` tokens of the
+    corpus dtype (``anchor``'s, which only picks the specialisation) from address
+    ``addresses[i]``; the slots after them ``pad``. ``input_ids`` gets slots ``[0, block)``,
+    ``labels`` slots ``[1, block + 1)``, ``label_continues`` 1 where the label continues the
+    piece of the slot before it (0 at a piece's first token and in the padding),
+    ``position_ids`` each input slot's place in its piece and ``document_ids`` its piece's
+    number in the row, the padding counting as a piece of its own. The last three may be
+    None, and are then not written.
+
+    The caller guarantees: every address readable for its piece's length (a piece of a shard
+    the caller keeps alive), every length >= 1, each row's lengths summing to at most ``block
+    + 1``, ``row_offsets`` nondecreasing from 0 to ``len(lengths)`` with one entry more than
+    the buffers' rows, and every buffer ``(rows, block)``.
+    """
+    cdef Py_ssize_t rows = row_offsets.shape[0] - 1, block = input_ids.shape[1]
+    cdef Py_ssize_t r, i, j, slot, length, inputs, piece
+    cdef bint write_mask = label_continues is not None
+    cdef bint write_positions = position_ids is not None
+    cdef bint write_documents = document_ids is not None
+    cdef const token_t *tokens
+    cdef int64_t *inputs_row
+    cdef int64_t *labels_row
+    with nogil:
+        for r in range(rows):
+            inputs_row = &input_ids[r, 0]
+            labels_row = &labels[r, 0]
+            slot = 0
+            piece = 0
+            for i in range(row_offsets[r], row_offsets[r + 1]):
+                tokens = <const token_t *><uintptr_t>addresses[i]
+                length = lengths[i]
+                # Inputs are the slots below block; slot + length <= block + 1.
+                inputs = min(length, block - slot)
+                for j in range(inputs):
+                    inputs_row[slot + j] = tokens[j]
+                # Slot s >= 1 is label s - 1: the piece's tokens from its second, and its first
+                # too when the piece does not start the row.
+                for j in range(1 if slot == 0 else 0, length):
+                    labels_row[slot + j - 1] = tokens[j]
+                if write_mask:
+                    if slot > 0:
+                        label_continues[r, slot - 1] = 0
+                    for j in range(1, length):
+                        label_continues[r, slot + j - 1] = 1
+                if write_positions:
+                    for j in range(inputs):
+                        position_ids[r, slot + j] = j
+                if write_documents:
+                    for j in range(inputs):
+                        document_ids[r, slot + j] = <int32_t>piece
+                slot += length
+                piece += 1
+            # The padding: slots slot .. block (the last is a label only).
+            for j in range(slot, block):
+                inputs_row[j] = pad
+                if write_positions:
+                    position_ids[r, j] = j - slot
+                if write_documents:
+                    document_ids[r, j] = <int32_t>piece
+            for j in range(max(slot, 1), block + 1):
+                labels_row[j - 1] = pad
+                if write_mask:
+                    label_continues[r, j - 1] = 0

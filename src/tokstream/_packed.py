@@ -1,0 +1,124 @@
+"""A packed stream's samples through the stream's interfaces: its window space and its order.
+
+:class:`PackedSpace` stands where :class:`tokstream._gather.WindowGather` stands for windows: it
+numbers the samples (``num_windows`` rows per epoch) and fills a batch's buffers, here through
+:func:`tokstream._kernels.pack.fill_packed`. :class:`PackedOrder` is the window order over row
+positions, so ranks, ``drop_last``, the epoch tail, the state dict and elastic resume are the
+windows' own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from tokstream._kernels.pack import fill_packed
+from tokstream._options import StreamOptions
+from tokstream._order import WindowOrder
+from tokstream._state import Cursor
+from tokstream._validate import token_id
+from tokstream.corpus import Corpus
+from tokstream.packing import Packing
+
+
+class PackedSpace:
+    """A packed stream's samples, in the stream's window-space interface.
+
+    The stream's window index of a sample is ``epoch * num_windows + position`` (its order
+    position in that epoch, all ranks together): a packed row depends on its epoch, and the
+    order hands it over in the index (:class:`PackedOrder`).
+    """
+
+    def __init__(self, corpus: Corpus, options: StreamOptions) -> None:
+        self.corpus = corpus
+        self.block = options.block
+        self.pad = token_id(options.pad, corpus.dtype, "pad")
+        boundaries = (
+            corpus.document_boundaries
+            if options.eos is None
+            else corpus.boundaries_with_eos(options.eos)
+        )
+        self.packing = Packing(
+            boundaries, options.block, shuffle=options.shuffle, seed=options.seed
+        )
+        self.num_windows = self.packing.num_rows
+        # Private copies: the kernel's addresses come only from what was validated here.
+        self._shards = corpus.shards
+        self._shard_starts = corpus.shard_starts.copy()
+        self._shard_ends = self._shard_starts + corpus.lengths
+        self._shard_addresses = np.array([s.ctypes.data for s in self._shards], np.uint64)
+        self._kernel = fill_packed.__signatures__[f"{corpus.dtype.name}_t"]
+
+    def segments_sha256(self) -> str:
+        """A hash of the documents packed and of the groups they are cut into."""
+        packing = self.packing
+        digest = hashlib.sha256(np.ascontiguousarray(packing.boundaries, "<i8").data)
+        digest.update(np.ascontiguousarray(packing.group_rows, "<i8").data)
+        digest.update(str(packing.group_documents).encode())
+        return digest.hexdigest()
+
+    def __call__(
+        self,
+        windows_index: np.ndarray,
+        windows: np.ndarray,
+        next_tokens: np.ndarray | None = None,
+        targets: np.ndarray | None = None,
+        position_ids: np.ndarray | None = None,
+        label_continues: np.ndarray | None = None,
+        document_ids: np.ndarray | None = None,
+    ) -> None:
+        """Fill a batch's buffers with the rows of ``windows_index`` (see the class).
+
+        Raises ValueError when a buffer is not the batch's shape (a caller can reshape an array
+        it was handed in place), which must never make the kernel write past its end.
+        """
+        rows, wide = windows_index.shape[0], (windows_index.shape[0], self.block)
+        buffers = (windows, targets, position_ids, label_continues, document_ids)
+        if next_tokens is not None or any(b is not None and b.shape != wide for b in buffers):
+            raise ValueError(f"a batch buffer is not {wide}: reshaped in place?")
+        if not rows:
+            return
+        epoch, positions = np.divmod(windows_index, max(1, self.num_windows))
+        pieces = self.packing.rows(int(epoch[0]), positions)
+        starts, lengths = pieces.starts, pieces.lengths
+        # What the kernel reads: each piece inside one shard, each row at most block + 1 slots.
+        shard = np.searchsorted(self._shard_starts, starts, side="right") - 1
+        ends = starts + lengths
+        before = np.zeros(lengths.shape[0] + 1, np.int64)
+        np.cumsum(lengths, out=before[1:])
+        used = np.diff(before[pieces.row_offsets]) if pieces.row_offsets.shape[0] == rows + 1 else 0
+        if (
+            pieces.row_offsets.shape[0] != rows + 1
+            or (lengths < 1).any()
+            or (shard < 0).any()
+            or (ends > self._shard_ends[shard]).any()
+            or (used > self.block + 1).any()
+        ):
+            raise RuntimeError("packed rows outside the corpus or their row: a packing bug")
+        local = (starts - self._shard_starts[shard]).astype(np.uint64)
+        itemsize = np.uint64(self.corpus.dtype.itemsize)
+        addresses = self._shard_addresses[shard] + local * itemsize
+        self._kernel(
+            self._shards[0],
+            addresses,
+            lengths,
+            pieces.row_offsets,
+            self.pad,
+            windows,
+            targets,
+            label_continues,
+            position_ids,
+            document_ids,
+        )
+
+
+class PackedOrder(WindowOrder):
+    """The order of a packed stream's samples: positions ``0 .. num_rows - 1`` of each epoch,
+    shared by the ranks as windows are; the shuffle is the packing's own (groups and rows in
+    keyed orders per epoch), so the positions themselves are not permuted again."""
+
+    def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
+        first = cursor.position + self._rank
+        positions = np.arange(first, first + self._world * count, self._world, dtype=np.int64)
+        return positions + cursor.epoch * max(1, self.num_windows)
