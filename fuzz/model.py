@@ -207,8 +207,9 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
     controls["recorded"] = [tokens.starts if isinstance(tokens, DocumentList) else set()] * len(
         shards
     )
-    # Unset, the reference's order where its windows are streamed (the harness passes no
-    # mixture), else the implicit one.
+    # Unset, the reference's order where it is at stake: what the reference takes (an array or
+    # a sequence, not a corpus of shards or documents) streamed in its windows (the harness
+    # passes no mixture); else the implicit one.
     reference_windows = (controls["stride"], controls["eos"], controls["windows"]) == (
         1,
         None,
@@ -216,7 +217,8 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
     )
     permutation = kwargs.get("permutation")
     if permutation is None:
-        permutation = "materialized" if reference_windows else "implicit"
+        reference_input = not isinstance(tokens, ShardList)
+        permutation = "materialized" if reference_windows and reference_input else "implicit"
     controls["permutation"] = model_choice(permutation, "permutation", ("materialized", "implicit"))
     # A background thread assembling batches ahead changes nothing about them.
     controls["prefetch"] = model_ranged(args["prefetch"], "prefetch", 0)

@@ -523,7 +523,11 @@ def test_sharded_files_from_a_glob_stream_like_the_oracle(tmp_path, shuffle):
     corpus = open_tokens(tmp_path / "shard_*")
     assert corpus.lengths.tolist() == lengths
     assert corpus.num_windows(4) == 26 + 13 + 21
-    actual = batches(stream_token_source(corpus, 4, 7, epochs=2, shuffle=shuffle, seed=5))
+    actual = batches(
+        stream_token_source(
+            corpus, 4, 7, epochs=2, shuffle=shuffle, seed=5, permutation="materialized"
+        )
+    )
     assert_same_batches(actual, sharded_oracle_batches(shards, 4, 7, 2, shuffle, 5))
 
 
@@ -532,7 +536,11 @@ def test_sharded_files_from_a_glob_stream_like_the_oracle(tmp_path, shuffle):
 def test_a_single_file_streams_exactly_like_the_reference_on_its_array(tmp_path, format, shuffle):
     ids = np.random.default_rng(1).integers(0, 50257, 3000)
     corpus = open_tokens(write_tokens(tmp_path / "t", ids, format=format))
-    actual = batches(stream_token_source(corpus, 16, 50, epochs=2, shuffle=shuffle, seed=9))
+    actual = batches(
+        stream_token_source(
+            corpus, 16, 50, epochs=2, shuffle=shuffle, seed=9, permutation="materialized"
+        )
+    )
     expected = batches(ref.stream_token_source(ids, 16, 50, epochs=2, shuffle=shuffle, seed=9))
     assert_same_batches(actual, expected)
 
@@ -551,11 +559,15 @@ def test_a_memory_mapped_file_of_every_dtype_is_read_in_place(tmp_path, dtype):
     assert mapped is not None and Path(mapped.path) == path
     assert np.shares_memory(shard, np.asarray(mapped))
     assert shard.dtype == dtype and not shard.flags.writeable
-    stream = stream_token_source(corpus, 7, 64, shuffle=True, seed=3)
+    stream = stream_token_source(corpus, 7, 64, shuffle=True, seed=3, permutation="materialized")
     assert stream.corpus.shards[0] is shard
     for shuffle in (False, True):
         assert_same_batches(
-            batches(stream_token_source(corpus, 7, 64, epochs=2, shuffle=shuffle, seed=3)),
+            batches(
+                stream_token_source(
+                    corpus, 7, 64, epochs=2, shuffle=shuffle, seed=3, permutation="materialized"
+                )
+            ),
             batches(ref.stream_token_source(ids, 7, 64, epochs=2, shuffle=shuffle, seed=3)),
         )
 

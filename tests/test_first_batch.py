@@ -62,7 +62,7 @@ def test_a_materialized_order_beyond_the_memory_is_refused_before_anything_is_al
 
     def make():
         with pytest.raises(ValueError, match="permutation='implicit'") as error:
-            stream_token_source(corpus, BLOCK, BATCH)
+            stream_token_source(corpus, BLOCK, BATCH, permutation="materialized")
         return error
 
     error, peak = peak_bytes(make)

@@ -211,7 +211,7 @@ def test_the_period_table_gives_the_windows_of_the_tree(monkeypatch, weights, wo
         for _ in range(30):
             cursors.append(order.after(cursors[-1]))
         visits = cursors + cursors[::-1] + cursors[::7]
-        return [order.batch_windows(c, order.rows(c)).tolist() for c in visits]
+        return [order.batch_windows(c, order.rows_at(c)).tolist() for c in visits]
 
     by_table = windows(2**17)
     assert by_table == windows(0)

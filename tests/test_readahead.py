@@ -80,7 +80,14 @@ def test_a_resumed_stream_drops_what_it_read_ahead(tmp_path):
     for batch in reference:
         states.append(reference.state_dict())
         batches.append(batch)
-    mapped = stream_token_source(evicted_corpus(tmp_path / "tokens.npy"), 16, 32, epochs=2, seed=1)
+    mapped = stream_token_source(
+        evicted_corpus(tmp_path / "tokens.npy"),
+        16,
+        32,
+        epochs=2,
+        seed=1,
+        permutation="materialized",
+    )
     for _ in range(5):
         next(mapped)  # reads batches 5.. ahead
     for index in [40, 2, len(states) - 2]:  # back, forward and near the end: all must match

@@ -13,13 +13,13 @@ mask) or found from the position ids one read per piece (``cu_seqlens``):
   batch (every row start is one), from 0 to ``b * block``, with ``"max_seqlen"`` (a Python int),
   flash-attention's varlen interface;
 - ``"source"``, ``(b,)`` int64: each row's source in a :func:`tokstream.mix` mixture (its index
-  in the dict of sources).
+  in the dict of sources), written by the mixture's order.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TypeAlias
 
 import numpy as np
 
@@ -27,7 +27,9 @@ from tokstream._gather import WindowGather
 from tokstream._kernels.documents import document_pieces
 from tokstream._options import StreamOptions
 
-Batch = Any  # tuple[np.ndarray, np.ndarray] | dict[str, Any]
+#: A batch: ``(windows, targets)``, or with extras a dict of arrays (and ``"max_seqlen"``, an
+#: int, beside ``"cu_seqlens"``).
+Batch: TypeAlias = tuple[np.ndarray, np.ndarray] | dict[str, np.ndarray | int]
 
 #: Where :func:`document_pieces` writes nothing: it only counts.
 _NO_PIECES = np.empty(0, np.int32)
@@ -117,19 +119,11 @@ def rows_of(buffers: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]
     return {name: buffer[:count] for name, buffer in buffers.items()}
 
 
-def fill(
-    gather: WindowGather,
-    windows_index: np.ndarray,
-    buffers: dict[str, np.ndarray],
-    source_offsets: np.ndarray | None = None,
-) -> None:
+def fill(gather: WindowGather, windows_index: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
     """Have the kernels copy windows ``windows_index`` (and their positions) into ``buffers``.
 
-    ``source_offsets`` (a mixture's first window of each source, then the window count) gives
-    the ``"source"`` buffer: a window's source is the last one starting at or before it.
+    The order's own extras (a mixture's ``"source"``) are the order's to fill.
     """
-    if "source" in buffers:
-        buffers["source"][:] = np.searchsorted(source_offsets, windows_index, side="right") - 1
     labels = buffers["labels"]
     next_tokens, targets = (labels, None) if labels.ndim == 1 else (None, labels)
     # Only a packed stream's space takes document ids (only packed streams may ask for them).
@@ -149,7 +143,10 @@ def assemble(buffers: dict[str, np.ndarray], extras: tuple[str, ...]) -> Batch:
     """The batch the caller receives from filled ``buffers``."""
     if not extras:
         return buffers["input_ids"], buffers["labels"]
-    batch: dict[str, Any] = {"input_ids": buffers["input_ids"], "labels": buffers["labels"]}
+    batch: dict[str, np.ndarray | int] = {
+        "input_ids": buffers["input_ids"],
+        "labels": buffers["labels"],
+    }
     if "source" in extras:
         batch["source"] = buffers["source"]
     if "document_ids" in extras:

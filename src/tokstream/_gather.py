@@ -17,7 +17,6 @@ from tokstream._kernels.advice import advise_windows
 from tokstream._kernels.documents import gather_documents, segment_token_starts
 from tokstream._kernels.gather import gather_segments, gather_windows
 from tokstream._options import StreamOptions
-from tokstream._validate import token_id
 from tokstream.corpus import (
     Corpus,
     _cumulative,
@@ -286,9 +285,8 @@ class WindowGather:
 
 
 def window_space(corpus: Corpus, options: StreamOptions) -> WindowGather:
-    """The corpus' windows for ``options``: stride, window policy and document boundaries."""
-    if options.eos is not None:
-        token_id(options.eos, corpus.dtype, "eos")
+    """The corpus' windows for ``options`` (``eos`` checked against the corpus dtype):
+    stride, window policy and document boundaries."""
     boundaries = None
     if options.windows == "within":
         boundaries = (

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import MISSING, dataclass, fields
-from typing import Any
+from typing import Any, Literal, get_args, get_type_hints
+
+import numpy as np
 
 from tokstream._validate import (
     INT32_MAX,
@@ -21,11 +23,19 @@ from tokstream._validate import (
     positive_int,
     shown,
     stream_controls,
+    token_id,
 )
 
-TARGETS = ("next", "shifted")
-PERMUTATIONS = ("materialized", "implicit")
-WINDOW_POLICIES = ("cross", "within", "packed")
+#: What a batch's targets are: the ``(b,)`` next tokens, or the windows shifted by one token.
+Targets = Literal["next", "shifted"]
+#: How a shuffled epoch's order is made: drawn as an array, or evaluated per position.
+Permutation = Literal["materialized", "implicit"]
+#: The window policy: where windows lie (across documents, inside one, or packed into rows).
+WindowPolicy = Literal["cross", "within", "packed"]
+
+TARGETS: tuple[Targets, ...] = get_args(Targets)
+PERMUTATIONS: tuple[Permutation, ...] = get_args(Permutation)
+WINDOW_POLICIES: tuple[WindowPolicy, ...] = get_args(WindowPolicy)
 DOCUMENT_EXTRAS = ("position_ids", "loss_mask", "cu_seqlens")
 PACKED_EXTRAS = ("document_ids",)
 MIXTURE_EXTRAS = ("source",)
@@ -46,16 +56,16 @@ class StreamOptions:
     epochs: int = 1
     shuffle: bool = True
     seed: int = 0
-    targets: str = "next"
+    targets: Targets = "next"
     rank: int = 0
     world_size: int = 1
     drop_last: bool = False
-    permutation: str | None = None
+    permutation: Permutation | None = None
     prefetch: int = 0
     reuse_buffers: int = 0
     stride: int = 1
     eos: int | None = None
-    windows: str = "cross"
+    windows: WindowPolicy = "cross"
     extras: tuple[str, ...] = ()
     samples: int | None = None
     pad: int | None = None
@@ -67,13 +77,19 @@ class StreamOptions:
         batch_size: Any,
         allowed_extras: tuple[str, ...] = DOCUMENT_EXTRAS,
         mixture: bool = False,
+        token_dtype: np.dtype | None = None,
+        reference_input: bool = True,
         **options: Any,
     ) -> StreamOptions:
         """Validate ``block``, ``batch_size`` and the keyword ``options`` (unknown ones: TypeError).
 
         ``allowed_extras`` are the ``extras`` names the token source can give; ``mixture`` says
         the source is a :func:`tokstream.mix` mixture, which also gives ``MIXTURE_EXTRAS``,
-        takes ``samples`` and shuffles only with the implicit permutation.
+        takes ``samples`` and shuffles only with the implicit permutation. ``token_dtype`` is
+        the corpus dtype, against which ``eos`` is checked (not checked when None).
+        ``reference_input`` says ``token_ids`` is what the reference generator takes (an array
+        or a sequence, not a :class:`~tokstream.Corpus` or a mixture): only then is its order
+        the default (see :func:`default_permutation`).
 
         The reference generator's controls are checked first and in its order, so a call both
         paths accept or reject raises the same exception type.
@@ -130,10 +146,9 @@ class StreamOptions:
                 raise ValueError(f"{what} needs a tokstream.mix() mixture as token_ids")
         permutation = values["permutation"]
         if permutation is None:
-            # The reference generator's order wherever its windows are the ones streamed; an
-            # order with no O(windows) array everywhere else.
-            reference_windows = stride == 1 and eos is None and windows == "cross"
-            permutation = "materialized" if reference_windows and not mixture else "implicit"
+            permutation = default_permutation(
+                reference_input and not mixture, stride == 1 and eos is None and windows == "cross"
+            )
         permutation = choice(permutation, "permutation", PERMUTATIONS)
         if mixture and permutation == "materialized":
             raise ValueError(
@@ -142,6 +157,8 @@ class StreamOptions:
             )
         prefetch = nonnegative_int(values["prefetch"], "prefetch")
         reuse_buffers = nonnegative_int(values["reuse_buffers"], "reuse_buffers")
+        if eos is not None and token_dtype is not None:
+            eos = token_id(eos, token_dtype, "eos")
         return cls(
             block=block,
             batch_size=batch_size,
@@ -205,6 +222,20 @@ def _packed_checks(
     return eos if pad is None else pad
 
 
+def default_permutation(reference_input: bool, reference_windows: bool) -> Permutation:
+    """The order of ``permutation=None``: the reference generator's where it is at stake.
+
+    That is an array or sequence (what the reference takes) streamed in the reference's windows
+    (``stride=1``, ``windows="cross"``, no ``eos``): ``"materialized"``, byte-identical to the
+    reference, at the price of one O(windows) draw per epoch (warned about when large, see
+    :func:`tokstream._order.warn_if_slow_draw`). Everything else (a :class:`~tokstream.Corpus`,
+    which :func:`tokstream.open_tokens` returns; a mixture; other windows) has no reference
+    order to match and gets ``"implicit"``: no O(windows) memory, nothing to draw, a first
+    batch at once.
+    """
+    return "materialized" if reference_input and reference_windows else "implicit"
+
+
 KEYWORD_DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in fields(StreamOptions) if f.default is not MISSING
 }
@@ -221,7 +252,7 @@ def stream_signature(
     ``extra_keywords`` (name=default) are an entry point's own keywords beyond the stream's.
     """
     defaults = {**KEYWORD_DEFAULTS, **(defaults or {})}
-    types = {f.name: f.type for f in fields(StreamOptions)}
+    types = get_type_hints(StreamOptions)
     positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
     keyword = inspect.Parameter.KEYWORD_ONLY
     leading_parameters = [

@@ -24,6 +24,9 @@ from the start: the same full global batches as the old world, the new world's p
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 import numpy as np
 
 from tokstream._kernels.order import permuted_positions, round_keys
@@ -44,9 +47,6 @@ class WindowOrder:
     epoch they belong to.
     """
 
-    #: First window of each source, then the window count: a mixture's; None for one corpus.
-    source_offsets: np.ndarray | None = None
-
     def __init__(self, num_windows: int, options: StreamOptions) -> None:
         self.num_windows = num_windows
         self.options = options
@@ -65,6 +65,7 @@ class WindowOrder:
         self._epoch_end = self.batches_per_epoch * global_batch
         if self.draws_orders:
             check_order_fits(num_windows)
+            warn_if_slow_draw(num_windows)
         self._implicit_domain = implicit_domain(max(num_windows, 1))
         self._implicit_keys: tuple[int, np.ndarray | None] = (-1, None)
         # (epoch, its order, the generator's state after drawing it) for the drawn epoch.
@@ -75,7 +76,7 @@ class WindowOrder:
         rng_state = np.random.RandomState(self.options.seed).get_state()
         return Cursor(0, 0, rng_state if self.draws_orders else None)
 
-    def rows(self, cursor: Cursor) -> int:
+    def rows_at(self, cursor: Cursor) -> int:
         """How many windows this rank's batch at ``cursor`` holds."""
         remaining = self.positions_per_epoch - cursor.position
         return min(self._batch_size, remaining // self._world)
@@ -118,9 +119,13 @@ class WindowOrder:
             self._drawn = None  # freed before the next epoch's order is drawn
         return Cursor(cursor.epoch + 1, 0, rng_state)
 
-    def fingerprint(self) -> dict:
+    def fingerprint(self) -> dict[str, Any]:
         """What decides the order beyond the corpus and the options (a mixture's sources)."""
         return {}
+
+    def fill_extras(self, windows_index: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
+        """Write the extras only the order knows (a mixture's ``"source"``) for the rows of
+        ``windows_index`` into ``buffers``; one corpus has none."""
 
     def release(self) -> None:
         """Drop the cached epoch order (it is drawn again if asked for)."""
@@ -171,6 +176,32 @@ def check_order_fits(num_windows: int) -> None:
         f"{available / 2**30:,.1f} GiB of memory available; pass permutation='implicit' (the "
         "same windows in a keyed pseudo-random order, no O(windows) memory; not the reference "
         "generator's order)"
+    )
+
+
+#: From this many windows on, drawing a materialized order takes about a second or more
+#: (``RandomState.permutation`` draws ~7 million a second on a quiet core, far fewer on a busy
+#: one), paid before the first batch and again every epoch.
+SLOW_DRAW_WINDOWS = 1 << 22
+
+
+def warn_if_slow_draw(num_windows: int) -> None:
+    """Warn, before anything is drawn, when a materialized order would take seconds to draw.
+
+    Decided from the window count alone (never timed). The message names
+    ``permutation="implicit"``, which needs no draw; Python's warning filter shows it once per
+    place it is raised from, not once per stream or epoch.
+    """
+    if num_windows < SLOW_DRAW_WINDOWS:
+        return
+    warnings.warn(
+        f"permutation='materialized' draws an order of {num_windows:,} windows "
+        f"({8 * num_windows / 2**20:,.0f} MiB of int64, about a second per 7 million windows) "
+        "before the first batch and again every epoch, for byte parity with the reference "
+        "generator; pass permutation='implicit' for the same windows in a keyed pseudo-random "
+        "order with no draw and no O(windows) memory",
+        UserWarning,
+        stacklevel=2,
     )
 
 

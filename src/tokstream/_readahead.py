@@ -84,7 +84,7 @@ class ReadAhead:
             if following is None:
                 break
             last = following
-            upcoming = self._order.batch_windows(last, self._order.rows(last))
+            upcoming = self._order.batch_windows(last, self._order.rows_at(last))
             self._advise(upcoming)
             self._ahead.append((last, upcoming))
         return starts

@@ -2,8 +2,8 @@
 
 A :class:`Cursor` is global: ``position`` counts the order positions consumed this epoch by all
 ranks together, so every rank of a run holds the same cursor. The state dict is that cursor plus
-a fingerprint (``config``) of everything that decides the global window sequence; loading checks
-the fingerprint and every field before anything changes.
+a fingerprint (stored under the key ``"config"``) of everything that decides the global window
+sequence; loading checks the fingerprint and every field before anything changes.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Cursor(NamedTuple):
     rng_state: tuple | None
 
 
-def config(corpus: Any, options: Any, space: Any) -> dict[str, Any]:
+def fingerprint(corpus: Any, options: Any, space: Any) -> dict[str, Any]:
     """The fingerprint of a stream's global window sequence, as JSON-friendly values.
 
     ``space`` is the stream's window index space (:class:`~tokstream._gather.WindowGather`, or

@@ -10,7 +10,7 @@ message names the argument and the offending value.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -121,14 +121,18 @@ def names_from(value: Any, name: str, allowed: Iterable[str]) -> tuple[str, ...]
     return names
 
 
-def choice(value: Any, name: str, allowed: Iterable[str]) -> str:
+Name = TypeVar("Name", bound=str)
+
+
+def choice(value: Any, name: str, allowed: Iterable[Name]) -> Name:
     """One of a fixed set of option strings."""
     allowed = tuple(allowed)
     if not isinstance(value, str):
         raise TypeError(f"{name} must be one of {allowed}, got {value!r} ({type(value).__name__})")
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    return value
+    for option in allowed:
+        if value == option:
+            return option
+    raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
 
 
 def token_id(value: int, dtype: np.dtype, name: str) -> int:

@@ -42,7 +42,7 @@ from tokstream._options import StreamOptions
 from tokstream._order import FEISTEL_ROUNDS, WindowOrder, implicit_domain
 from tokstream._state import Cursor
 from tokstream._validate import INT64_MAX
-from tokstream.corpus import Corpus
+from tokstream.corpus import Corpus, _read_only
 
 #: The integer weights of a schedule sum to at most this (plus one per source): the kernel's
 #: products stay below ``2**63``.
@@ -231,9 +231,8 @@ class MixtureOrder(WindowOrder):
                 f"epochs * samples per epoch = {options.epochs} * {samples} must stay below 2**63"
             )
         super().__init__(samples, options)
-        offsets.setflags(write=False)
-        #: First window of each source in the combined corpus, then the window count.
-        self.source_offsets = offsets
+        # First window of each source in the combined corpus, then the window count.
+        self._source_offsets = _read_only(offsets)
         self._mixture = mixture
         # The schedule, from the weights alone: nothing a caller can reassign reaches the kernel,
         # which checks its tables itself.
@@ -253,6 +252,13 @@ class MixtureOrder(WindowOrder):
             PERIOD_TABLE_LIMIT,
         )
 
+    def fill_extras(self, windows_index: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
+        """The ``"source"`` extra: each row's source, the last one whose first window is at or
+        before the row's window."""
+        if "source" in buffers:
+            found = np.searchsorted(self._source_offsets, windows_index, side="right")
+            np.subtract(found, 1, out=buffers["source"])
+
     def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
         """Window indices of this rank's batch at ``cursor``: samples ``k + r + i W``."""
         windows = np.empty(count, dtype=np.int64)
@@ -269,15 +275,6 @@ class MixtureOrder(WindowOrder):
             "mixture_weights": json.dumps(list(mixture.integer_weights)),
             "samples": self.num_windows,
         }
-
-
-def stream_source(
-    token_ids: Any, block: Any, batch_size: Any, **options: Any
-) -> tuple[Corpus | Mixture, StreamOptions]:
-    """The token source (a mixture, or a corpus of ``token_ids``) and the validated options."""
-    if isinstance(token_ids, Mixture):
-        return token_ids, StreamOptions.create(block, batch_size, mixture=True, **options)
-    return Corpus.from_tokens(token_ids), StreamOptions.create(block, batch_size, **options)
 
 
 def _label(name: str, shard: int | None = None) -> str:

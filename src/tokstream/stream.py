@@ -29,7 +29,7 @@ from tokstream._prefetch import Prefetcher
 from tokstream._readahead import ReadAhead
 from tokstream._state import Cursor
 from tokstream.corpus import Corpus
-from tokstream.mixture import Mixture, MixtureOrder, stream_source
+from tokstream.mixture import Mixture, MixtureOrder
 
 
 @expose_options
@@ -79,7 +79,7 @@ class TokenStream(Iterator[Batch]):
         self._gather = PackedSpace(corpus, options) if packed else window_space(corpus, options)
         corpus.advise(options.shuffle)
         if isinstance(source, Mixture):
-            self._order = MixtureOrder(source, self._gather, options)
+            self._order: WindowOrder = MixtureOrder(source, self._gather, options)
         else:
             order_type = PackedOrder if packed else WindowOrder
             self._order = order_type(self._gather.num_windows, options)
@@ -216,7 +216,7 @@ class TokenStream(Iterator[Batch]):
         cursor, options, order = self._cursor, self._options, self._order
         if self._closed or cursor.epoch >= options.epochs or order.batches_per_epoch == 0:
             raise StopIteration
-        count = order.rows(cursor)
+        count = order.rows_at(cursor)
         if self._readahead is None:
             windows_index = order.batch_windows(cursor, count)
         else:
@@ -227,7 +227,8 @@ class TokenStream(Iterator[Batch]):
                 if options.reuse_buffers
                 else self._fresh.take_named(count)
             )
-            _batch.fill(self._gather, windows_index, buffers, order.source_offsets)
+            _batch.fill(self._gather, windows_index, buffers)
+            order.fill_extras(windows_index, buffers)
             batch = _batch.assemble(buffers, options.extras)
         else:
             # The plain batch, without the buffer bookkeeping: this is the per-batch fixed cost
@@ -287,11 +288,11 @@ class TokenStream(Iterator[Batch]):
     # ------------------------------------------------------------------ resumable cursor
 
     @functools.cached_property
-    def _config(self) -> dict[str, Any]:
+    def _fingerprint(self) -> dict[str, Any]:
         # Made on first use: within documents it hashes O(documents) arrays, a cost a stream
         # that never saves or loads a state should not pay.
         return {
-            **_state.config(self._corpus, self._options, self._gather),
+            **_state.fingerprint(self._corpus, self._options, self._gather),
             **self._order.fingerprint(),
         }
 
@@ -306,7 +307,7 @@ class TokenStream(Iterator[Batch]):
         part of it, so a finished run can be extended.
         """
         with self._lock:
-            return _state.encode(self._delivered_cursor(), dict(self._config), self._options)
+            return _state.encode(self._delivered_cursor(), dict(self._fingerprint), self._options)
 
     def load_state_dict(self, state: Any) -> None:
         """Move the cursor to ``state`` (from :meth:`state_dict`); the next batch follows it.
@@ -323,7 +324,11 @@ class TokenStream(Iterator[Batch]):
             The state, or one of its fields, is the wrong kind of thing.
         """
         cursor = _state.decode(
-            state, self._config, self._options, self.batches_per_epoch, self._order.draws_orders
+            state,
+            self._fingerprint,
+            self._options,
+            self.batches_per_epoch,
+            self._order.draws_orders,
         )
         with self._deliver_lock:
             self._discard_prefetcher()
@@ -337,6 +342,32 @@ class TokenStream(Iterator[Batch]):
                     # tail later than this one does, so this epoch is already over.
                     cursor = self._order.next_epoch(cursor)
                 self._cursor, self._closed, self._delivered = cursor, False, None
+
+
+def stream_source(
+    token_ids: Any, block: Any, batch_size: Any, **options: Any
+) -> tuple[Corpus | Mixture, StreamOptions]:
+    """The token source of a stream call and its validated options.
+
+    A :func:`tokstream.mix` mixture is its own source; anything else becomes a
+    :class:`~tokstream.Corpus` (checked first, as the reference generator checks its array
+    first). The options are checked against the source: its token dtype (``eos``) and whether
+    it is a mixture (``samples``, the ``"source"`` extra, the implicit order).
+    """
+    if isinstance(token_ids, Mixture):
+        source: Corpus | Mixture = token_ids
+        corpus, mixture = token_ids.corpus, True
+    else:
+        source = corpus = Corpus.from_tokens(token_ids)
+        mixture = False
+    return source, StreamOptions.create(
+        block,
+        batch_size,
+        mixture=mixture,
+        token_dtype=corpus.dtype,
+        reference_input=not isinstance(token_ids, (Corpus, Mixture)),
+        **options,
+    )
 
 
 def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: Any) -> TokenStream:
@@ -370,8 +401,11 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         ``"materialized"``: the reference's ``RandomState`` permutation (exact parity; one
         O(windows) int64 array per epoch). ``"implicit"``: a keyed pseudo-random bijection
         evaluated per position, no O(windows) memory; a different order from the reference's.
-        ``None`` (default): materialized for the reference's windows (``stride=1``,
-        ``windows="cross"``, no ``eos``), implicit otherwise.
+        ``None`` (default): materialized for an array or sequence (what the reference takes)
+        in the reference's windows (``stride=1``, ``windows="cross"``, no ``eos``), implicit
+        otherwise (a :class:`~tokstream.Corpus`, e.g. from :func:`~tokstream.open_tokens`, or
+        a mixture). A materialized order of ``2**22`` windows or more warns when the stream is
+        made: it takes about a second or more to draw, every epoch.
     prefetch
         Batches a background thread assembles ahead of the caller (0: none, the default).
     reuse_buffers

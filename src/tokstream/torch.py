@@ -57,8 +57,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
 
 from tokstream import _validate
 from tokstream._options import stream_signature
-from tokstream.mixture import stream_source
-from tokstream.stream import TokenStream
+from tokstream.stream import TokenStream, stream_source
 
 __all__ = ["TensorBatch", "TokenDataset"]
 
