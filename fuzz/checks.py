@@ -40,6 +40,7 @@ from fuzz.model import (
     model_mixture,
     model_mixture_batches,
     model_mixture_length,
+    model_reshaped_run,
     recorded_offsets,
 )
 from tokstream import Corpus, mix, open_tokens, reference, stream_token_source, write_tokens
@@ -265,7 +266,6 @@ def _load_edited_state(source, target, model, steps, edit) -> str:
     assert not must_reject, f"accepted a state whose config or version was edited: {edited!r}"
     loaded = target.state_dict()
     assert loaded["config"] == state["config"]
-    assert loaded["position"] % (loaded["world_size"] * loaded["batch_size"]) == 0
     if edited == state:
         # An unedited state resumes right after the batches the source consumed.
         expected = itertools.islice(model(), steps, steps + MAX_BATCHES)
@@ -275,6 +275,50 @@ def _load_edited_state(source, target, model, steps, edit) -> str:
         itertools.islice(target, MAX_BATCHES), expected, "stream after an accepted state"
     )
     return "accepted"
+
+
+def check_reshaped_resume(tokens, kwargs, shapes) -> str:
+    """A run whose ``(world_size, batch_size)`` changes at each resume: ``shapes`` is
+    ``[(world_size, batch_size, steps), ...]``; every rank of a shape streams ``steps`` global
+    steps (the last shape: to the end), then rank 0's state is loaded into every rank of the
+    next shape. The union of the ranks' rows, step by step in order-position order, is the
+    model's global sequence (:func:`fuzz.model.model_reshaped_run`)."""
+    kwargs = {**kwargs, "extras": (), "prefetch": 0}  # rows compared one by one
+    shards, controls = model_call(tokens, kwargs)
+    expected = model_reshaped_run(shards, controls, shapes)
+    got, state = [], None
+    for world, batch_size, steps in shapes:
+        streams = []
+        for rank in range(world):
+            call = {**kwargs, "world_size": world, "batch_size": batch_size, "rank": rank}
+            stream = build_stream(tokens, call)
+            if state is not None:
+                stream.load_state_dict(state)
+            streams.append(stream)
+        lengths = {stream.__length_hint__() for stream in streams}
+        assert len(lengths) == 1, f"ranks have different batches left: {lengths}"
+        for _ in itertools.count() if steps is None else range(steps):
+            batches = [next(stream, None) for stream in streams]
+            if batches[0] is None:
+                assert all(batch is None for batch in batches), "ranks ended apart"
+                break
+            # Rank r's row k is order position first + r + k * world.
+            rows = batches[0][0].shape[0]
+            assert all(batch[0].shape[0] == rows for batch in batches), "ranks' rows differ"
+            got.append(
+                tuple(
+                    np.stack([batches[r][part][k] for k in range(rows) for r in range(world)])
+                    for part in (0, 1)
+                )
+            )
+        state = json.loads(json.dumps(streams[0].state_dict()))
+        assert all(stream.state_dict() == {**state, "rank": i} for i, stream in enumerate(streams))
+        for stream in streams:
+            stream.close()
+    assert len(got) == len(expected), f"{len(got)} global steps, the model has {len(expected)}"
+    for step, (batch, want) in enumerate(zip(got, expected, strict=True)):
+        assert_batch_equal(batch, want, f"global step {step} of a reshaped run")
+    return f"reshaped resume x{len(shapes) - 1}"
 
 
 # ---------------------------------------------------------------------------------------------

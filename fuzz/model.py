@@ -334,36 +334,82 @@ def model_batches(
 
     ``cursor`` is ``(epoch, position, rng_state)`` to start from instead of the beginning.
     """
-    block, batch_size, world = c["block"], c["batch_size"], c["world_size"]
+    space = _window_space(shards, c)
+    shape = [(c["world_size"], c["batch_size"], None)]
+    for _, order, first, rows, world in model_global_steps(shards, c, shape, cursor):
+        starts = [int(order(first + c["rank"] + world * i)) for i in range(rows)]
+        yield _model_windows(*space, c, starts)
+
+
+def _window_space(shards, c):
     segments = segments_of(shards, c)
-    per_segment = [windows_in(length, block, c["stride"]) for _, _, length in segments]
+    per_segment = [windows_in(length, c["block"], c["stride"]) for _, _, length in segments]
     offsets = np.concatenate([[0], np.cumsum(per_segment)]).astype(np.int64)
-    n = int(offsets[-1])
-    used = n // world * world
-    global_batch = world * batch_size
-    full, rest = divmod(used, global_batch)
-    per_epoch = full + (1 if rest and not c["drop_last"] else 0)
-    if per_epoch == 0:
-        return
+    return shards, segments, offsets
+
+
+def model_rows(n: int, position: int, world: int, batch_size: int, drop_last: bool) -> int:
+    """Rows of each rank's batch at order ``position`` of an epoch of ``n``: the positions
+    left are shared round-robin, fewer than ``world`` left over are skipped, and with
+    ``drop_last`` so is a batch of fewer than ``batch_size`` rows."""
+    rows = min(batch_size, max(0, n - position) // world)
+    return 0 if drop_last and rows < batch_size else rows
+
+
+def model_positions(n: int, c: dict[str, Any], shapes, cursor: tuple | None = None):
+    """``(epoch, first position, rows, world)`` per global step of a run
+    whose shape changes: ``shapes`` is ``[(world_size, batch_size, steps), ...]``, each
+    streaming ``steps`` global steps (None: to the end) from the position where the one
+    before stopped; a cursor with no batch left under the new shape starts the next epoch.
+    Rank ``r`` of a step takes positions ``first + r + k * world``, ``k < rows``."""
+    epoch, position = (0, 0) if cursor is None else cursor[:2]
+    for world, batch_size, steps in shapes:
+        if model_rows(n, 0, world, batch_size, c["drop_last"]) == 0:
+            continue  # no epoch has a batch: nothing streamed, the cursor stays
+        if model_rows(n, position, world, batch_size, c["drop_last"]) == 0:
+            epoch, position = epoch + 1, 0
+        taken = 0
+        while epoch < c["epochs"] and (steps is None or taken < steps):
+            rows = model_rows(n, position, world, batch_size, c["drop_last"])
+            yield epoch, position, rows, world
+            taken += 1
+            position += world * batch_size
+            if model_rows(n, position, world, batch_size, c["drop_last"]) == 0:
+                epoch, position = epoch + 1, 0
+
+
+def model_global_steps(shards, c: dict[str, Any], shapes, cursor: tuple | None = None):
+    """:func:`model_positions` over the windows of ``shards``, each step with its epoch's
+    order (position -> window index): ``(epoch, order, first, rows, world)``."""
+    n = int(_window_space(shards, c)[2][-1])
     rng = np.random.RandomState(c["seed"])
-    epoch, position = 0, 0
-    if cursor is not None:
-        epoch, position, rng_state = cursor
-        if rng_state is not None:
-            rng.set_state(rng_state)
-    while epoch < c["epochs"]:
+    if cursor is not None and cursor[2] is not None:
+        rng.set_state(cursor[2])
+    first_epoch = 0 if cursor is None else cursor[0]
+    drawn: dict[int, Any] = {}
+
+    def order_of(epoch: int):
         if not c["shuffle"]:
-            order = range(n).__getitem__
-        elif c["permutation"] == "implicit":
-            order = implicit_order(n, c["seed"], epoch)
-        else:
-            order = rng.permutation(n).__getitem__
-        for step in range(position // global_batch, per_epoch):
-            base = step * global_batch
-            count = min(batch_size, (used - base) // world)
-            starts = [int(order(base + c["rank"] + world * i)) for i in range(count)]
-            yield _model_windows(shards, segments, offsets, c, starts)
-        epoch, position = epoch + 1, 0
+            return range(n).__getitem__
+        if c["permutation"] == "implicit":
+            return implicit_order(n, c["seed"], epoch)
+        while epoch not in drawn:  # drawn epoch after epoch from one generator
+            drawn[first_epoch + len(drawn)] = rng.permutation(n).__getitem__
+        return drawn[epoch]
+
+    for epoch, first, rows, world in model_positions(n, c, shapes, cursor):
+        yield epoch, order_of(epoch), first, rows, world
+
+
+def model_reshaped_run(shards, c: dict[str, Any], shapes) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The global steps of a run whose ``(world_size, batch_size)`` changes (``shapes`` as for
+    :func:`model_positions`), each step's rows in order-position order (all ranks together)."""
+    space = _window_space(shards, c)
+    steps = []
+    for _, order, first, rows, world in model_global_steps(shards, c, shapes):
+        starts = [int(order(first + i)) for i in range(rows * world)]
+        steps.append(_model_windows(*space, c, starts))
+    return steps
 
 
 def windows_in(length: int, block: int, stride: int) -> int:
@@ -472,41 +518,34 @@ def model_mixture_batches(
     """
     tree = mixture_tree(weights)
     counts = [windows_in(len(t), c["block"], c["stride"]) for t in sources]
-    n, world, batch_size = mixture_epoch(counts, c), c["world_size"], c["batch_size"]
-    used = n // world * world
-    full, rest = divmod(used, world * batch_size)
-    per_epoch = full + (1 if rest and not c["drop_last"] else 0)
+    n = mixture_epoch(counts, c)
     orders: dict[tuple[int, int], Any] = {}
-    first_epoch, first_position = (0, 0) if cursor is None else cursor[:2]
-    for epoch in range(first_epoch, c["epochs"]):
-        first_step = first_position // (world * batch_size) if epoch == first_epoch else 0
-        for step in range(first_step, per_epoch):
-            base = step * world * batch_size
-            rows = min(batch_size, (used - base) // world)
-            windows, after, row_sources = [], [], []
-            for i in range(rows):
-                source, local = mixture_sample(tree, epoch * n + base + c["rank"] + world * i)
-                row_sources.append(source)
-                source_epoch, position = divmod(local, counts[source])
-                if c["shuffle"]:
-                    key = (source, source_epoch)
-                    if key not in orders:
-                        orders[key] = implicit_order(
-                            counts[source], c["seed"], source_epoch, source + 1
-                        )
-                    position = orders[key](position)
-                start = position * c["stride"]
-                tokens = sources[source]
-                windows.append(tokens[start : start + c["block"]])
-                if c["targets"] == "next":
-                    after.append(tokens[start + c["block"]])
-                else:
-                    after.append(tokens[start + 1 : start + c["block"] + 1])
-            x, y = np.array(windows, dtype=np.int64), np.array(after, dtype=np.int64)
-            if "source" in c["extras"]:
-                yield {"input_ids": x, "labels": y, "source": np.array(row_sources, np.int64)}
+    shape = [(c["world_size"], c["batch_size"], None)]
+    for epoch, base, rows, world in model_positions(n, c, shape, cursor):
+        windows, after, row_sources = [], [], []
+        for i in range(rows):
+            source, local = mixture_sample(tree, epoch * n + base + c["rank"] + world * i)
+            row_sources.append(source)
+            source_epoch, position = divmod(local, counts[source])
+            if c["shuffle"]:
+                key = (source, source_epoch)
+                if key not in orders:
+                    orders[key] = implicit_order(
+                        counts[source], c["seed"], source_epoch, source + 1
+                    )
+                position = orders[key](position)
+            start = position * c["stride"]
+            tokens = sources[source]
+            windows.append(tokens[start : start + c["block"]])
+            if c["targets"] == "next":
+                after.append(tokens[start + c["block"]])
             else:
-                yield x, y
+                after.append(tokens[start + 1 : start + c["block"] + 1])
+        x, y = np.array(windows, dtype=np.int64), np.array(after, dtype=np.int64)
+        if "source" in c["extras"]:
+            yield {"input_ids": x, "labels": y, "source": np.array(row_sources, np.int64)}
+        else:
+            yield x, y
 
 
 def mixture_epoch(counts: list[int], c: dict[str, Any]) -> int:

@@ -29,6 +29,7 @@ from fuzz.checks import (
     check_lifecycle,
     check_mixture,
     check_mixture_state_edit,
+    check_reshaped_resume,
     check_state_edit,
     check_token_file,
 )
@@ -37,6 +38,7 @@ from fuzz.strategies import (
     document_calls,
     lifecycle_events,
     mixture_calls,
+    reshaped_runs,
     resumable_calls,
     resumable_mixture_calls,
     state_edits,
@@ -97,6 +99,11 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
     def mixture_states(call, edit):
         tally.add(guarded(check_mixture_state_edit, *call, edit))
 
+    @common
+    @given(run=reshaped_runs())
+    def reshapes(run):
+        tally.add(guarded(check_reshaped_resume, *run))
+
     directory = Path(tempfile.mkdtemp(prefix="tokstream_fuzz_"))
 
     @common
@@ -124,7 +131,17 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
     stop = time.monotonic() + seconds
     try:
         for round_number in itertools.count():
-            for test in (calls, states, files, lifecycles, documents, mixtures, mixture_states):
+            tests = (
+                calls,
+                states,
+                reshapes,
+                files,
+                lifecycles,
+                documents,
+                mixtures,
+                mixture_states,
+            )
+            for test in tests:
                 (test if seed is None else hypothesis.seed(seed + round_number)(test))()
             if time.monotonic() >= stop:
                 return tally

@@ -351,6 +351,20 @@ def resumable_calls(draw, documents: bool = False):
 
 
 @st.composite
+def reshaped_runs(draw):
+    """A valid call (:func:`resumable_calls`) and the shapes of a run that changes its
+    ``(world_size, batch_size)`` at each of one to three resumes: ``[(world_size, batch_size,
+    global steps), ...]``, the last one streaming to the end."""
+    tokens, kwargs, _ = draw(resumable_calls(documents=True))
+    shapes = [
+        (draw(st.integers(1, 4)), draw(st.integers(1, 12)), draw(st.integers(0, 6)))
+        for _ in range(draw(st.integers(2, 4)))
+    ]
+    shapes[-1] = (*shapes[-1][:2], None)
+    return tokens, kwargs, shapes
+
+
+@st.composite
 def document_calls(draw):
     """Valid calls over tokens of a few values, one of them the eos, so that documents start
     inside most windows (by the eos rule or recorded, ``Corpus.from_documents``, empty ones

@@ -35,6 +35,12 @@ def test_a_hand_edited_state_is_refused_cleanly_or_resumes_where_it_claims(call,
 
 
 @QUICK
+@given(run=strategies.reshaped_runs())
+def test_a_run_resumed_into_other_world_and_batch_sizes_streams_the_models_global_sequence(run):
+    guarded(checks.check_reshaped_resume, *run)
+
+
+@QUICK
 @given(call=strategies.resumable_calls(), event=strategies.lifecycle_events)
 def test_a_stream_rewound_edited_pickled_or_forked_mid_run_keeps_yielding_the_models_batches(
     tmp_path_factory, call, event

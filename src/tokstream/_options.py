@@ -194,7 +194,7 @@ class StreamOptions:
 
     @property
     def global_batch_size(self) -> int:
-        """Windows per global step, all ranks together: what an elastic resume must keep."""
+        """Windows per global step, all ranks together."""
         return self.world_size * self.batch_size
 
 

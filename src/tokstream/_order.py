@@ -9,17 +9,23 @@ Sharding follows ``torch.utils.data.DistributedSampler``: with ``world_size = W`
 is cut to its first ``(n // W) * W`` positions (the at most ``W - 1`` left over are skipped that
 epoch, so that every rank yields the same number of batches of the same sizes) and rank ``r``
 takes positions ``r, r + W, r + 2W, ...``. Global step ``k`` (all ranks together) therefore
-consumes positions ``[k * W * batch_size, (k + 1) * W * batch_size)`` of the order, which depends
-only on ``W * batch_size``: that is what makes an elastic resume exact.
+consumes positions ``[k * W * batch_size, (k + 1) * W * batch_size)`` of the order.
 
 The tail: each epoch, the last ``n % W`` positions of that epoch's order are not streamed (a
 shuffled order puts different windows there every epoch). ``drop_last=True`` also drops the
 final partial global batch, so an epoch streams the first ``(n // (W * B)) * W * B``
 positions. Every full global batch is therefore the same for any ``W`` of the same ``W * B``;
 without ``drop_last`` the final partial one holds the positions up to ``(n // W) * W`` and so
-depends on ``W``. An elastic resume continues exactly as a stream that ran with the new world
-from the start: the same full global batches as the old world, the new world's partial one
-(and a cursor that stands past the new world's shorter epoch starts the next epoch).
+depends on ``W``.
+
+Any shape on resume: the cursor counts positions (global samples), not batches, so a state
+saved with one ``(W, B)`` loads into any other. The run continues from the first position not
+yet consumed, the global sequence of positions unchanged: from position ``p`` the batches hold
+``[p, p + W' B')``, ``[p + W' B', ...)``, ... and the epoch ends with the new world's tail rule
+applied to what is left: the ``(n - p) % W'`` positions left over are skipped, and with
+``drop_last`` a final global batch of fewer than ``W' B'`` positions too (a cursor with no
+batch left starts the next epoch). From position 0, and from any ``p`` that is a multiple of
+``W'``, that is exactly the rule above.
 """
 
 from __future__ import annotations
@@ -54,15 +60,16 @@ class WindowOrder:
         # Positions of the order used per epoch: a multiple of world_size, so ranks stay equal.
         world, global_batch = options.world_size, options.global_batch_size
         self.positions_per_epoch = (num_windows // world) * world
-        full, rest = divmod(self.positions_per_epoch, global_batch)
-        self.batches_per_epoch = full + (1 if rest and not options.drop_last else 0)
+        self._batch_size, self._world, self._drop_last = (
+            options.batch_size,
+            world,
+            options.drop_last,
+        )
+        self.batches_per_epoch = self.batches_from(0)
         # Largest number of rows any batch of this rank holds.
         self.max_rows = min(options.batch_size, self.positions_per_epoch // world)
         # The per-batch arithmetic reads these, not the options, to keep the fixed cost small.
-        self._batch_size, self._world, self._rank = options.batch_size, world, options.rank
-        self._shuffle, self._global_batch = options.shuffle, global_batch
-        # The position of the first global batch past the epoch's last.
-        self._epoch_end = self.batches_per_epoch * global_batch
+        self._rank, self._shuffle, self._global_batch = options.rank, options.shuffle, global_batch
         if self.draws_orders:
             check_order_fits(num_windows)
             warn_if_slow_draw(num_windows)
@@ -77,15 +84,24 @@ class WindowOrder:
         return Cursor(0, 0, rng_state if self.draws_orders else None)
 
     def rows_at(self, cursor: Cursor) -> int:
-        """How many windows this rank's batch at ``cursor`` holds."""
-        remaining = self.positions_per_epoch - cursor.position
-        return min(self._batch_size, remaining // self._world)
+        """How many windows this rank's batch at ``cursor`` holds; 0 when the epoch has no
+        batch left there (fewer than ``W`` positions, or with ``drop_last`` a partial batch)."""
+        rows = min(self._batch_size, max(0, self.num_windows - cursor.position) // self._world)
+        return 0 if self._drop_last and rows < self._batch_size else rows
+
+    def batches_from(self, position: int) -> int:
+        """Global batches of an epoch from order position ``position`` to the epoch's end."""
+        rows = max(0, self.num_windows - position) // self._world
+        full, rest = divmod(rows, self._batch_size)
+        return full + (1 if rest and not self._drop_last else 0)
 
     def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
         """Window indices of this rank's batch at ``cursor``: order positions ``p + r + k W``.
 
-        Every position is below ``positions_per_epoch <= num_windows`` and every order maps
-        ``[0, num_windows)`` onto itself, so each index is a valid window for the kernel.
+        ``count`` is at most :meth:`rows_at`, so every position ``p + r + k W < p + count W <=
+        num_windows`` (a loaded cursor's ``p`` is at most ``num_windows``, checked by
+        :func:`tokstream._state.decode`), and every order maps ``[0, num_windows)`` onto itself:
+        each index is a valid window for the kernel.
         """
         world = self._world
         first = cursor.position + self._rank
@@ -105,10 +121,8 @@ class WindowOrder:
 
         Unlike :meth:`after`, it never crosses into the next epoch, so it changes nothing.
         """
-        position = cursor.position + self._global_batch
-        if position < self._epoch_end:
-            return Cursor(cursor.epoch, position, cursor.rng_state)
-        return None
+        following = Cursor(cursor.epoch, cursor.position + self._global_batch, cursor.rng_state)
+        return following if self.rows_at(following) else None
 
     def next_epoch(self, cursor: Cursor) -> Cursor:
         """The first cursor of the epoch after ``cursor``'s."""

@@ -22,6 +22,9 @@ _KIND = {int: "an int", bool: "a bool", str: "a str", float: "a float"}
 # Settings that decide the window sequence, added to the fingerprint after its first version,
 # with the value every earlier stream had.
 _LATER_KEYS: dict[str, Any] = {"stride": 1, "eos": None, "windows": "cross"}
+# Keys earlier fingerprints held that no longer decide the sequence: the global batch size (a
+# cursor counts positions, so a state loads into any world size and batch size).
+_RETIRED_KEYS = ("global_batch_size",)
 
 
 class Cursor(NamedTuple):
@@ -55,7 +58,6 @@ def fingerprint(corpus: Any, options: Any, space: Any) -> dict[str, Any]:
         "num_shards": len(corpus.shards),
         "shard_lengths_sha256": hashlib.sha256(lengths).hexdigest(),
         "block": options.block,
-        "global_batch_size": options.global_batch_size,
         "seed": options.seed,
         "shuffle": options.shuffle,
         "permutation": options.permutation,
@@ -89,13 +91,14 @@ def decode(
     state: Any,
     fingerprint: dict[str, Any],
     options: Any,
-    batches_per_epoch: int,
+    positions: int,
     draws_orders: bool,
 ) -> Cursor:
     """Check ``state`` against a stream's ``fingerprint`` and return the cursor it holds.
 
-    A position of exactly ``batches_per_epoch`` global batches is accepted: an elastic resume
-    from a world whose epochs were longer; the caller moves such a cursor to the next epoch.
+    The position may be any order position up to ``positions`` (the epoch's order size), from
+    a stream of any world size and batch size; the caller moves a cursor with no batch left in
+    its epoch (under this stream's tail rule) to the next epoch.
 
     Raises
     ------
@@ -116,16 +119,10 @@ def decode(
     _check_config(state["config"], fingerprint, options)
     epoch = _state_int(state["epoch"], "state['epoch']")
     position = _state_int(state["position"], "state['position']")
-    global_batch = options.global_batch_size
-    if position % global_batch:
+    if position > positions:
         raise ValueError(
-            f"state['position'] = {position} is not a multiple of the global batch size "
-            f"world_size * batch_size = {global_batch}"
-        )
-    if position // global_batch > batches_per_epoch:
-        raise ValueError(
-            f"state['position'] = {position} is past the end of an epoch of "
-            f"{batches_per_epoch} global batches of {global_batch}"
+            f"state['position'] = {position} is past the end of an epoch of {positions} "
+            "order positions"
         )
     if draws_orders:
         return Cursor(epoch, position, _decode_rng_state(state["rng_state"]))
@@ -145,7 +142,7 @@ def _check_config(saved: Any, here: dict[str, Any], options: Any) -> None:
             raise ValueError(
                 f"state was saved with {key}={saved[key]!r}, but this stream has {key}={old!r}"
             )
-    for key in sorted(saved.keys() - here.keys()):
+    for key in sorted(saved.keys() - here.keys() - set(_RETIRED_KEYS)):
         # A mixture's keys, say, in the state of a stream over a plain corpus.
         raise ValueError(f"state was saved with {key}={saved[key]!r}, which this stream lacks")
     for key, value_here in here.items():
@@ -159,12 +156,6 @@ def _check_config(saved: Any, here: dict[str, Any], options: Any) -> None:
             )
         if value == value_here:
             continue
-        if key == "global_batch_size":
-            raise ValueError(
-                f"state was saved with world_size * batch_size = {value}, this stream has "
-                f"{options.world_size} * {options.batch_size} = {value_here}; a resume, elastic "
-                "or not, must keep the global batch size"
-            )
         raise ValueError(
             f"state was saved with {key}={shown(value)}, but this stream has {key}={value_here!r}"
         )

@@ -146,8 +146,8 @@ class TokenStream(Iterator[Batch]):
         epoch, position, _ = self._delivered_cursor()
         if self._closed or epoch >= self._options.epochs:
             return 0
-        done = position // self.global_batch_size
-        return (self._options.epochs - epoch) * self.batches_per_epoch - done
+        later_epochs = (self._options.epochs - epoch - 1) * self.batches_per_epoch
+        return later_epochs + self._order.batches_from(position)
 
     def _delivered_cursor(self) -> Cursor:
         """The cursor after the last batch the caller received."""
@@ -302,9 +302,11 @@ class TokenStream(Iterator[Batch]):
         A fingerprint of everything that decides the global window sequence, the epoch and the
         order position (all ranks together), and the epoch's ``RandomState`` for a materialized
         shuffle (:mod:`tokstream._state`). Loading it into a stream built with the same
-        arguments (or, elastically, another ``world_size`` and ``batch_size`` of the same
-        product) continues exactly where this one stands; ``epochs`` and ``targets`` are not
-        part of it, so a finished run can be extended.
+        arguments continues exactly where this one stands; into one of any other
+        ``world_size`` and ``batch_size`` (a batch-size ramp, a smaller or larger job), the
+        ranks continue from the first order position not yet consumed, the global sequence
+        unchanged (:mod:`tokstream._order`). ``epochs`` and ``targets`` are not part of it, so
+        a finished run can be extended.
         """
         with self._lock:
             return _state.encode(self._delivered_cursor(), dict(self._fingerprint), self._options)
@@ -327,7 +329,7 @@ class TokenStream(Iterator[Batch]):
             state,
             self._fingerprint,
             self._options,
-            self.batches_per_epoch,
+            self._order.num_windows,
             self._order.draws_orders,
         )
         with self._deliver_lock:
@@ -337,9 +339,10 @@ class TokenStream(Iterator[Batch]):
                 self._fresh.clear()
                 if self._readahead is not None:
                     self._readahead.reset()
-                if cursor.position // self.global_batch_size == self.batches_per_epoch > 0:
-                    # Only an elastic resume gets here: the saved world size cut the epoch's
-                    # tail later than this one does, so this epoch is already over.
+                if not self._order.rows_at(cursor) and self.batches_per_epoch:
+                    # The epoch has no batch left at the saved position under this stream's
+                    # tail rule (a state from the end of an epoch, or from another world size
+                    # or batch size): the run continues with the next epoch.
                     cursor = self._order.next_epoch(cursor)
                 self._cursor, self._closed, self._delivered = cursor, False, None
 
