@@ -364,14 +364,16 @@ def test_inspect_reports_format_dtype_count_range_and_windows(token_files):
         "min id",
         "max id",
         "windows (block 1000)",
+        "kept: cross / within",
     ]
-    cells = [[c.strip() for c in row.split("|")[1:-1]] for row in rows]
+    cells = [[c.strip() for c in row.split("|")[1:-1]] for row in rows[:4]]
+    kept = "100.0% / 100.0%"
     assert [c[1:] for c in cells[:3]] == [
-        ["npy", "int64", "5,000", "3", "50,256", "4,000"],
-        ["bin", "uint16", "5,000", "3", "50,256", "4,000"],
-        ["llmc", "uint16", "5,000", "3", "50,256", "4,000"],
+        ["npy", "int64", "5,000", "3", "50,256", "4,000", kept],
+        ["bin", "uint16", "5,000", "3", "50,256", "4,000", kept],
+        ["llmc", "uint16", "5,000", "3", "50,256", "4,000", kept],
     ]
-    assert cells[3] == ["total (3 files)", "", "", "15,000", "3", "50,256", "12,000"]
+    assert cells[3] == ["total (3 files)", "", "", "15,000", "3", "50,256", "12,000", ""]
 
 
 def test_inspect_json_and_raw_dtype(tmp_path, token_files):
@@ -388,6 +390,10 @@ def test_inspect_json_and_raw_dtype(tmp_path, token_files):
         "max_id": 50256,
         "windows": 4992,
         "bytes": 10000,
+        "kept_cross": 1.0,
+        "kept_within": 1.0,
+        "boundaries": "none recorded (each file is one document); with eos=ID also one after "
+        "every token ID (--eos ID counts them)",
     }
     # The same bytes read as uint32: half as many tokens, other values.
     code, out, _ = run("inspect", str(paths["bin"]), "--dtype", "uint32", "--json")
@@ -421,6 +427,10 @@ def test_inspect_an_empty_file(tmp_path):
         "max_id": None,
         "windows": 0,
         "bytes": path.stat().st_size,
+        "kept_cross": 0.0,
+        "kept_within": 0.0,
+        "boundaries": "none recorded (each file is one document); with eos=ID also one after "
+        "every token ID (--eos ID counts them)",
     }
 
 

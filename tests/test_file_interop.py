@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import multiprocessing
 import pickle
 import struct
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.test_formats import documents_of, write_megatron
 from tokstream import Corpus, cli, open_tokens, stream_token_source, write_tokens
+from tokstream.corpus import EosNotFoundWarning
 
 # ---------------------------------------------------------------------------------------------
 # Byte order: the formats whose header says little-endian
@@ -253,3 +258,105 @@ def test_an_arrow_table_from_a_memory_mapped_file_pickles_as_its_file(tmp_path):
     corpus = open_tokens(table)
     assert len(pickle.dumps(corpus)) < 4_000
     assert _in_a_spawned_process(corpus)[1] == (_first_batches(corpus), str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Which boundaries a stream uses: recorded documents, eos tokens, both or neither
+
+
+def test_a_stream_with_an_eos_the_corpus_lacks_warns_once_naming_the_documents_it_uses(tmp_path):
+    # Megatron's preprocess_data.py without --append-eod: documents recorded, no eod tokens.
+    corpus = open_tokens(write_megatron(tmp_path / "text_document", [[5, 6, 7, 8], [9, 10, 11]]))
+    with pytest.warns(
+        EosNotFoundWarning,
+        match=r"eos=0 occurs in none of the corpus' 7 tokens.*only the 2 documents",
+    ):
+        stream_token_source(corpus, 2, 4, eos=0, extras=("position_ids",))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stream_token_source(corpus, 2, 4, eos=0, windows="within")  # once per corpus and token
+        stream_token_source(corpus, 2, 4, eos=7)  # present
+        plain = Corpus([np.arange(1, 50)])
+        stream_token_source(plain, 2, 4)  # no eos asked: nothing to check
+    with pytest.warns(EosNotFoundWarning, match="no document boundaries but the shards' own"):
+        stream_token_source(plain, 2, 4, eos=0, windows="within")
+
+
+def test_a_large_corpus_is_checked_for_eos_in_evenly_spaced_runs_not_read_whole(monkeypatch):
+    from tokstream import corpus as corpus_module
+
+    monkeypatch.setattr(corpus_module, "EOS_CHECK_TOKENS", 640)  # 64 runs of 10 tokens
+    tokens = np.ones(100_000, dtype=np.uint16)
+    with pytest.warns(
+        EosNotFoundWarning, match="64 evenly spaced runs of 10 of the corpus' 100,000"
+    ):
+        stream_token_source(Corpus([tokens]), 8, 4, eos=0)
+    tokens[::9] = 0  # an eos every 9 tokens is in every run of 10
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stream_token_source(Corpus([tokens[:50_000], tokens[50_000:]]), 8, 4, eos=0)
+    # The runs looked at: 64 x 10 tokens, whatever the corpus' size.
+    looked = []
+    monkeypatch.setattr(
+        corpus_module.np, "count_nonzero", lambda a, *k: looked.append(a.shape[0]) or 0
+    )
+    with pytest.warns(EosNotFoundWarning):
+        Corpus([tokens[:50_000], tokens[50_000:]]).check_eos(0)
+    assert sum(looked) == 640
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    documents=st.lists(st.integers(0, 30), min_size=1, max_size=6),
+    shards=st.integers(1, 3),
+    block=st.integers(1, 12),
+    stride=st.integers(1, 20),
+)
+def test_tokens_in_windows_counts_the_tokens_some_window_covers(documents, shards, block, stride):
+    tokens = [np.arange(n) + 100 * i for i, n in enumerate(documents)]
+    groups = [tokens[i::shards] for i in range(shards)]
+    groups = [g for g in groups if g]
+    corpus = Corpus([Corpus.from_documents(g).shards[0] for g in groups])
+    corpus = Corpus._from_arrays(
+        list(corpus.shards),
+        [str(i) for i in range(len(groups))],
+        "c",
+        [np.cumsum([0] + [len(d) for d in g]) for g in groups],
+    )
+    bounds = corpus.document_boundaries
+    for windows, segments in [
+        (
+            "cross",
+            [
+                (int(a), int(a + n))
+                for a, n in zip(corpus.shard_starts, corpus.lengths, strict=True)
+            ],
+        ),
+        ("within", list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))),
+    ]:
+        covered = set()
+        for first, end in segments:
+            for start in range(first, end - block, stride):
+                covered.update(range(start, start + block + 1))
+        assert corpus.tokens_in_windows(block, stride, windows) == len(covered)
+
+
+def test_inspect_says_which_boundaries_a_stream_uses_and_the_share_each_policy_keeps(tmp_path):
+    prefix = write_megatron(tmp_path / "text_document", [list(range(1, 40)), list(range(1, 200))])
+    stdout, stderr = io.StringIO(), io.StringIO()
+    argv = ["inspect", str(prefix), "--block", "64", "--eos", "0", "--quiet"]
+    code = cli.main(argv, stdout=stdout, stderr=stderr)
+    assert code == 0, stderr.getvalue()
+    # 238 tokens; within drops the 39-token document, shorter than a window of 65.
+    assert "kept: cross / within" in stdout.getvalue()
+    assert f"100.0% / {199 / 238:.1%}" in stdout.getvalue()
+    assert "the 2 documents the file records only: eos=0 occurs nowhere" in stdout.getvalue()
+    stdout = io.StringIO()
+    code = cli.main(
+        ["inspect", str(prefix), "--eos", "5", "--block", "4", "--json"],
+        stdout=stdout,
+        stderr=stderr,
+    )
+    (summary,) = json.loads(stdout.getvalue())
+    assert summary["eos_tokens"] == 2 and summary["kept_within"] == 1.0
+    assert "4 documents in all" in summary["boundaries"]

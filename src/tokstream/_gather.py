@@ -294,6 +294,8 @@ def window_space(corpus: Corpus, options: StreamOptions) -> WindowGather:
             if options.eos is None
             else corpus.boundaries_with_eos(options.eos)
         )
+    if options.eos is not None:
+        corpus.check_eos(options.eos)
     return WindowGather(
         corpus,
         options.block,

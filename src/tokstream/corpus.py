@@ -9,6 +9,8 @@ single-shard corpus has exactly the reference's ``len(token_ids) - block`` windo
 from __future__ import annotations
 
 import mmap
+import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -16,6 +18,16 @@ import numpy as np
 
 from tokstream import _validate
 from tokstream._filemap import FileMap, MappedFiles, file_map_of
+
+#: A stream with ``eos=`` that does not scan every token anyway (``windows="within"`` does)
+#: looks for the token in at most this many tokens: all of a smaller corpus, else
+#: :data:`EOS_CHECK_CHUNKS` evenly spaced runs (8 MB of uint16 read at most).
+EOS_CHECK_TOKENS = 1 << 22
+EOS_CHECK_CHUNKS = 64
+
+
+class EosNotFoundWarning(UserWarning):
+    """A stream's ``eos`` token occurs nowhere the stream looked for it in its corpus."""
 
 
 class Corpus:
@@ -145,6 +157,10 @@ class Corpus:
         self._shard_first_document = frozen(first_documents)
         self._document_boundaries = frozen(boundaries)
         self._has_documents = any(offsets is not None for offsets in document_offsets)
+        # eos token -> how many of the tokens looked at held it; the tokens warned about.
+        self._eos_found: dict[int, int] = {}
+        self._eos_warned: set[int] = set()
+        self._eos_sampled: set[int] = set()  # counted in a sample, not over every token
 
     @classmethod
     def from_tokens(cls, token_ids: Any, name: str = "token_ids") -> Corpus:
@@ -251,6 +267,8 @@ class Corpus:
             for chunk in _validate.chunks(shard):
                 after_eos.append(np.flatnonzero(chunk == eos) + (int(base) + done + 1))
                 done += chunk.shape[0]
+        self._eos_found[eos] = sum(found.shape[0] for found in after_eos)
+        self._eos_sampled.discard(eos)
         # Two ascending runs, so a stable sort is one merge (np.unique would hash or sort
         # O(documents) values from scratch: seconds at 10^7 documents). A boundary both recorded
         # and after an eos (an eos ending a document or a shard) is kept once.
@@ -258,6 +276,100 @@ class Corpus:
         first = np.ones(merged.shape[0], dtype=bool)
         np.not_equal(merged[1:], merged[:-1], out=first[1:])
         return _read_only(merged[first])
+
+    def eos_count(self, eos: int) -> int:
+        """How many tokens equal ``eos``: a full scan, unless :meth:`boundaries_with_eos` made
+        one for this token already."""
+        if eos not in self._eos_found or eos in self._eos_sampled:
+            self.boundaries_with_eos(eos)
+        return self._eos_found[eos]
+
+    def check_eos(self, eos: int) -> None:
+        """Warn (:class:`EosNotFoundWarning`, once per corpus and token) when ``eos`` is absent.
+
+        How it decides, without a pass over a large corpus that nothing else needs: after
+        :meth:`boundaries_with_eos` (``windows="within"``), by its count over every token;
+        otherwise by looking at up to :data:`EOS_CHECK_TOKENS` tokens, the whole corpus when it
+        is no larger, else :data:`EOS_CHECK_CHUNKS` evenly spaced runs of tokens (a token rare
+        enough to miss every run is warned about too; the message says where it looked). The
+        documents are then only those the corpus records (a Megatron dataset written without
+        ``--append-eod`` has documents but no eod tokens), or none.
+        """
+        if eos in self._eos_warned:
+            return
+        if eos not in self._eos_found:
+            self._eos_found[eos] = self._count_sampled(eos)
+            self._eos_sampled.add(eos)
+        if self._eos_found[eos] or self.num_tokens == 0:
+            return
+        self._eos_warned.add(eos)
+        total = self.num_tokens
+        looked = (
+            f"the corpus' {total:,} tokens"
+            if total <= EOS_CHECK_TOKENS
+            else f"{EOS_CHECK_CHUNKS} evenly spaced runs of "
+            f"{EOS_CHECK_TOKENS // EOS_CHECK_CHUNKS:,} of the corpus' {total:,} tokens"
+        )
+        documents = (
+            f"only the {self.document_boundaries.shape[0] - 1:,} documents the corpus records"
+            if self._has_documents
+            else "no document boundaries but the shards' own"
+        )
+        warnings.warn(
+            f"eos={eos} occurs in none of {looked}; windows='within' and the document extras "
+            f"will find {documents}. Was the corpus tokenized without an end-of-document "
+            "token, or with another one?",
+            EosNotFoundWarning,
+            stacklevel=_outside_tokstream(),
+        )
+
+    def _count_sampled(self, eos: int) -> int:
+        """Occurrences of ``eos`` among the tokens :meth:`check_eos` looks at."""
+        total = self.num_tokens
+        if total <= EOS_CHECK_TOKENS:
+            runs = [(0, total)]
+        else:
+            span = EOS_CHECK_TOKENS // EOS_CHECK_CHUNKS
+            step = (total - span) // (EOS_CHECK_CHUNKS - 1)
+            runs = [(k * step, k * step + span) for k in range(EOS_CHECK_CHUNKS)]
+        found = 0
+        starts = self.shard_starts
+        for first, last in runs:
+            # A run may cross from one shard into the next.
+            shard = int(np.searchsorted(starts, first, side="right")) - 1
+            while first < last and shard < len(self._shards):
+                local = first - int(starts[shard])
+                take = min(last - first, int(self._lengths[shard]) - local)
+                piece = self._shards[shard][local : local + take]
+                found += int(np.count_nonzero(piece == eos))
+                first += max(take, 0)
+                shard += 1
+        return found
+
+    def tokens_in_windows(
+        self, block: int, stride: int = 1, windows: str = "cross", eos: int | None = None
+    ) -> int:
+        """How many tokens lie in at least one window of a stream with these options.
+
+        A window is ``block + 1`` tokens (its inputs and its last target). ``windows="cross"``
+        loses only shards shorter than that and the tail after a shard's last window;
+        ``"within"`` also every document shorter than ``block + 1`` tokens (with ``eos``, the
+        documents its tokens end as well, a full scan). Divided by :attr:`num_tokens`: the share
+        of the corpus a policy keeps (``tokstream inspect --block N`` prints both).
+        """
+        _validate.choice(windows, "windows", ("cross", "within"))
+        if windows == "cross":
+            lengths = self._lengths
+        else:
+            boundaries = self._document_boundaries if eos is None else self.boundaries_with_eos(eos)
+            lengths = np.diff(boundaries)
+        counts = windows_per_segment(lengths, block, stride)
+        if not counts.any():
+            return 0
+        # Windows of a segment overlap (or abut) when stride <= block + 1, else leave gaps.
+        span, step = block + 1, min(capped_stride(lengths, stride), block + 1)
+        kept = counts[counts > 0]
+        return int(kept.shape[0] * span + (kept - 1).sum() * step)
 
     def memory_maps(self) -> Iterator[mmap.mmap | FileMap]:
         """The distinct mappings the shards are views of (none for in-RAM arrays).
@@ -323,6 +435,14 @@ def _cumulative(counts: np.ndarray) -> np.ndarray:
     offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     return offsets
+
+
+def _outside_tokstream() -> int:
+    """The ``stacklevel`` of the first caller outside tokstream, for a warning made here."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("tokstream"):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -426,7 +426,8 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         A token id that ends a document (the token itself is the document's last).
     windows
         ``"cross"`` (default): windows may span documents. ``"within"``: only windows whose
-        ``block + 1`` tokens lie inside one document, at ``document_start + k * stride``.
+        ``block + 1`` tokens lie inside one document, at ``document_start + k * stride``:
+        shorter documents are dropped (``Corpus.tokens_in_windows`` counts the tokens kept).
     extras
         ``"position_ids"``, ``"loss_mask"``, ``"cu_seqlens"``, ``"source"`` (a mixture's): each
         batch is then a dict of ``"input_ids"``, ``"labels"`` and these (:mod:`tokstream._batch`).

@@ -42,11 +42,19 @@ class FileSummary:
     max_id: int | None
     windows: int
     bytes: int
+    #: Shares of the tokens that lie in a window of ``block + 1`` tokens (as inputs or target)
+    #: under ``windows="cross"`` and ``windows="within"`` (:meth:`Corpus.tokens_in_windows`).
+    kept_cross: float
+    kept_within: float
+    #: Which document boundaries a stream over the file uses, in words.
+    boundaries: str
     #: Documents and their lengths, where the format records them (else None).
     documents: int | None = None
     min_document: int | None = None
     mean_document: float | None = None
     max_document: int | None = None
+    #: Tokens equal to ``--eos`` (None without it).
+    eos_tokens: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Every field; the document fields only where documents are recorded."""
@@ -54,6 +62,8 @@ class FileSummary:
         if self.documents is None:
             for name in ("documents", "min_document", "mean_document", "max_document"):
                 del fields[name]
+        if self.eos_tokens is None:
+            del fields["eos_tokens"]
         return fields
 
 
@@ -64,6 +74,7 @@ def summarize(
     format: str | None,
     progress: _progress.Progress,
     column: str = "input_ids",
+    eos: int | None = None,
 ) -> FileSummary:
     """Open ``path`` with :func:`tokstream.files.open_tokens` and describe it."""
     detected = files.detect_format(path) if format is None else format
@@ -80,6 +91,10 @@ def summarize(
         max_id=max(highs) if highs else None,
         windows=corpus.num_windows(block),
         bytes=_size(path),
+        kept_cross=_share(corpus.tokens_in_windows(block), corpus.num_tokens),
+        kept_within=_share(corpus.tokens_in_windows(block, 1, "within", eos), corpus.num_tokens),
+        boundaries=_boundaries(corpus, eos),
+        eos_tokens=None if eos is None else corpus.eos_count(eos),
     )
     if corpus.has_documents:
         lengths = corpus.document_lengths
@@ -89,6 +104,27 @@ def summarize(
             summary.mean_document = round(float(lengths.mean()), 1)
             summary.max_document = int(lengths.max())
     return summary
+
+
+def _share(part: int, whole: int) -> float:
+    return round(part / whole, 4) if whole else 0.0
+
+
+def _boundaries(corpus: Any, eos: int | None) -> str:
+    """Which document boundaries a stream over ``corpus`` uses (windows="within", extras)."""
+    recorded = corpus.document_boundaries.shape[0] - 1
+    base = (
+        f"the {recorded:,} documents the file records"
+        if corpus.has_documents
+        else "none recorded (each file is one document)"
+    )
+    if eos is None:
+        return f"{base}; with eos=ID also one after every token ID (--eos ID counts them)"
+    count = corpus.eos_count(eos)
+    if count == 0:
+        return f"{base} only: eos={eos} occurs nowhere (a stream with it warns)"
+    found = corpus.boundaries_with_eos(eos).shape[0] - 1
+    return f"{base}, and with eos={eos} ({count:,} tokens) {found:,} documents in all"
 
 
 def _size(path: str) -> int:
@@ -111,8 +147,10 @@ def inspect_table(summaries: Sequence[FileSummary], block: int) -> str:
         return "-" if value is None else f"{value:,}"
 
     header = ["file", "format", "dtype", "tokens", "min id", "max id", f"windows (block {block})"]
+    header += ["kept: cross / within"]
     rows = [
         [s.path, s.format, s.dtype, text(s.tokens), text(s.min_id), text(s.max_id), text(s.windows)]
+        + [f"{s.kept_cross:.1%} / {s.kept_within:.1%}"]
         for s in summaries
     ]
     if any(s.documents is not None for s in summaries):
@@ -136,8 +174,9 @@ def inspect_table(summaries: Sequence[FileSummary], block: int) -> str:
                 text(min(lows) if lows else None),
                 text(max(highs) if highs else None),
                 text(sum(s.windows for s in summaries)),
+                "",
             ]
-            + (["", ""] if len(header) > 7 else [])
+            + (["", ""] if len(header) > 8 else [])
         )
     return markdown_table(header, rows, numeric_from=3)
 
@@ -178,6 +217,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         help="warn about ids >= N (a corpus tokenized with another vocabulary)",
     )
+    inspect.add_argument(
+        "--eos",
+        type=int,
+        default=None,
+        metavar="ID",
+        help="count this end-of-document token and the documents a stream with eos=ID finds",
+    )
     inspect.add_argument("--column", default="input_ids", help="Arrow column of token lists")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -192,7 +238,7 @@ def _expand(arguments: Sequence[str]) -> list[str]:
 def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     progress = _progress.Progress(None if args.quiet else stderr)
     summaries = [
-        summarize(path, args.block, args.dtype, args.format, progress, args.column)
+        summarize(path, args.block, args.dtype, args.format, progress, args.column, args.eos)
         for path in _expand(args.files)
     ]
     progress.done()
@@ -208,4 +254,11 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         stdout.write("\n")
     else:
         print(inspect_table(summaries, args.block), file=stdout)
+        print(
+            f"\nkept: the share of tokens in a window of --block {args.block} tokens plus a "
+            "target under windows='cross' and 'within'\ndocument boundaries a stream uses:",
+            file=stdout,
+        )
+        for summary in summaries:
+            print(f"  {summary.path}: {summary.boundaries}", file=stdout)
     return 0
