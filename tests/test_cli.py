@@ -248,7 +248,7 @@ def test_bench_plot_without_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
     assert code == 1
     assert err.strip() == (
         "tokstream bench: error: --plot needs matplotlib, which is not installed: "
-        "pip install 'tokstream[plot]'"
+        "pip install 'tokstream[plot]' (in a clone of the repository: pip install '.[plot]')"
     )
     assert out == "" and not target.exists()
 
@@ -608,7 +608,7 @@ def test_convert_shows_progress_on_large_files(tmp_path, token_files, monkeypatc
         (["--block", "1024", "--batch-size", "10000000000"], "with --block 1024 needs about"),
     ],
 )
-def test_bench_refuses_sizes_beyond_memory_in_one_line_before_allocating(argv, named):
+def test_bench_refuses_sizes_beyond_memory_in_one_line_before_allocating(argv, named, torch_or_not):
     import tracemalloc
 
     tracemalloc.start()
@@ -634,8 +634,19 @@ def test_bench_file_sizes_are_checked_too(tmp_path, monkeypatch):
     assert code == 1 and f"--file {tmp_path / 'part_*.npy'} needs about" in err
 
 
+@pytest.fixture(
+    params=["torch installed", "no torch"] if baselines.torch_available() else ["no torch"]
+)
+def torch_or_not(request, monkeypatch):
+    """Both sides of the nanoGPT path where PyTorch is installed (bench notes its absence)."""
+    if request.param == "no torch":
+        monkeypatch.setattr(baselines, "torch_available", lambda: False)
+
+
 @pytest.mark.parametrize("command", ["bench", "convert"])
-def test_a_memory_error_is_one_line_and_exit_1(tmp_path, token_files, monkeypatch, command):
+def test_a_memory_error_is_one_line_and_exit_1(
+    tmp_path, token_files, monkeypatch, command, torch_or_not
+):
     from tokstream import files
     from tokstream.bench import harness
 

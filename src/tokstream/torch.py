@@ -45,14 +45,15 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from tokstream._extras import install_hint
+
 try:
     import torch
     from torch.utils.data import IterableDataset, get_worker_info
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess without torch
     raise ImportError(
         "tokstream.torch needs PyTorch, which could not be imported; install the extra with "
-        "`pip install 'tokstream[torch]'` (from a clone of the repository: `pip install "
-        "'.[torch]'`). Original error: " + str(exc)
+        f"{install_hint('torch')}. Original error: {exc}"
     ) from exc
 
 from tokstream import _validate

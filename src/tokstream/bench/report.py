@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 import tokstream
+from tokstream._extras import install_hint
 from tokstream.bench import baselines
 from tokstream.bench.harness import Case
 
@@ -142,7 +143,7 @@ def check_plot_target(path: str) -> None:
         from matplotlib.figure import Figure
     except ImportError:
         raise ImportError(
-            "--plot needs matplotlib, which is not installed: pip install 'tokstream[plot]'"
+            f"--plot needs matplotlib, which is not installed: {install_hint('plot')}"
         ) from None
     target = Path(path)
     if not target.parent.is_dir():

@@ -13,6 +13,7 @@ import numpy as np
 from tokstream import _progress, files
 from tokstream.bench import baselines, harness, report
 from tokstream.cli._common import (
+    PROG,
     CommandError,
     UsageError,
     dtype_name,
@@ -169,16 +170,18 @@ def _bench_corpora(
     return [(ids.dtype.name, ids)], f"{args.file} ({ids.shape[0]:,} tokens)"
 
 
-def _bench_paths(args: argparse.Namespace, stderr: TextIO) -> list[str]:
+def _bench_paths(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The paths to time, in table order, and notes on the ones left out."""
     wanted = args.paths or list(baselines.PATHS)
+    notes = []
     if "fast" not in wanted:
         wanted = [*wanted, "fast"]
     if "nanogpt" in wanted and not baselines.torch_available():
         if args.paths:
             raise CommandError("--paths asks for nanogpt, but PyTorch is not installed")
-        print("tokstream bench: PyTorch is not installed; skipping the nanoGPT path", file=stderr)
+        notes.append("PyTorch is not installed; skipping the nanoGPT path")
         wanted.remove("nanogpt")
-    return [p for p in baselines.PATHS if p in wanted]
+    return [p for p in baselines.PATHS if p in wanted], notes
 
 
 def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
@@ -189,7 +192,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
             report.check_plot_target(args.plot)
         except ImportError as exc:
             raise CommandError(str(exc)) from None
-    paths = _bench_paths(args, stderr)
+    paths, notes = _bench_paths(args)
     progress = _progress.Progress(None if args.quiet else stderr)
     started = time.perf_counter()
     corpora, source = _bench_corpora(args, shapes, paths, progress)
@@ -223,4 +226,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         stdout.write("\n")
     else:
         print(report.text_report(cases, paths, heading), file=stdout)
+    # Notes on a finished run only: a run that fails says one thing, its error.
+    for note in notes:
+        print(f"{PROG} bench: {note}", file=stderr)
     return 0

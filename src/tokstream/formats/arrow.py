@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from tokstream._extras import install_hint
 from tokstream.formats._common import Shard, check_offsets, map_tokens
 
 FILE_MAGIC = b"ARROW1"
@@ -38,7 +39,7 @@ def require() -> Any:
         import pyarrow.ipc  # noqa: F401
     except ImportError:
         raise ImportError(
-            "reading or writing Arrow data needs pyarrow: pip install 'tokstream[arrow]'"
+            f"reading or writing Arrow data needs pyarrow: {install_hint('arrow')}"
         ) from None
     return pyarrow
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
+from tokstream._extras import install_hint
 
 
 class Encoder:
@@ -40,8 +41,7 @@ class Encoder:
             import tokenizers
         except ImportError:
             raise ImportError(
-                "a tokenizers JSON file needs the tokenizers package: "
-                "pip install 'tokstream[tokenize]'"
+                f"a tokenizers JSON file needs the tokenizers package: {install_hint('tokenize')}"
             ) from None
         try:
             tokenizer = tokenizers.Tokenizer.from_file(os.fspath(path))
