@@ -51,6 +51,35 @@ def test_table_formats_every_case():
     assert len(header) == len(rule) == len(row)
 
 
+def _rated(dtype: str, shuffle: bool, block: int, batch_size: int) -> bench.Case:
+    case = bench.Case(dtype, shuffle, block, batch_size)
+    case.rates = {"reference": [10.0], "best_numpy": [40.0], "fast": [100.0], "copy_limit": [9.0]}
+    return case
+
+
+def test_the_default_table_shows_a_column_only_where_the_rows_differ():
+    paths = ["reference", "best_numpy", "fast", "copy_limit"]
+    one = bench.summary_table([_rated("int64", True, 8, 64), _rated("int64", True, 16, 4)], paths)
+    header, _, first, _ = one.splitlines()
+    assert [c.strip() for c in header.split("|")[1:-1]][:2] == ["shape", "reference"]
+    assert [c.strip() for c in first.split("|")[1:-1]] == [
+        "8 x 64",
+        "10.0",
+        "40.0",
+        "100",
+        "10.0x",
+        "2.5x",
+    ]
+    both = bench.summary_table(
+        [_rated("int64", True, 8, 64), _rated("uint16", False, 8, 64)], paths
+    )
+    header = both.splitlines()[0]
+    assert [c.strip() for c in header.split("|")[1:-1]][:3] == ["dtype", "order", "shape"]
+    # Without the best NumPy path, neither its column nor its ratio.
+    narrow = bench.summary_table([_rated("int64", True, 8, 64)], ["reference", "fast"])
+    assert "NumPy" not in narrow and "vs reference" in narrow
+
+
 def test_watcher_falls_back_to_elapsed_time_without_a_temporary_file(tmp_path, monkeypatch):
     monkeypatch.setattr(_progress, "PROGRESS_INTERVAL", 0.001)
 
@@ -148,7 +177,7 @@ def _case() -> bench.Case:
 
 
 def test_text_report_holds_the_heading_table_and_geometric_mean():
-    text = bench.text_report([_case()], ["reference", "fast"], "HEADING")
+    text = bench.text_report([_case()], ["reference", "fast"], "HEADING", full=True)
     lines = text.splitlines()
     assert lines[0] == "HEADING" and lines[2].startswith("| dtype")
     assert "fast/reference, geometric mean over the rows: 20.0x" in text

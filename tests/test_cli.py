@@ -143,11 +143,31 @@ def test_usage_errors_of_command_handlers_go_to_the_streams_main_was_given(argv,
 # bench
 
 
-def test_bench_prints_a_table_of_every_path_with_ratios():
+def test_bench_prints_a_table_that_fits_a_terminal():
     code, out, err = run("bench", *TINY, "--quiet")
     assert code == 0, err
     without_torch = "tokstream bench: PyTorch is not installed; skipping the nanoGPT path\n"
     assert err == ("" if baselines.torch_available() else without_torch)
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80, out
+    header = next(line for line in lines if line.startswith("| shape"))
+    assert [cell.strip() for cell in header.split("|")[1:-1]] == [
+        "shape",
+        "reference",
+        "best NumPy",
+        "tokstream",
+        "vs reference",
+        "vs NumPy",
+    ]
+    rows = [line for line in lines if line.startswith("| 4 x 32") or line.startswith("| 16 x 8")]
+    assert len(rows) == 2
+    assert "int64 corpus; shuffled windows" in out and "shown with --full: " in out
+    assert "geometric mean" in out
+
+
+def test_bench_full_prints_every_path_with_ratios():
+    code, out, err = run("bench", *TINY, "--quiet", "--full")
+    assert code == 0, err
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("| dtype"))
     for label in ("reference", "best NumPy", "fast", "fast (reuse)", "copy limit", "gather limit"):
@@ -157,7 +177,7 @@ def test_bench_prints_a_table_of_every_path_with_ratios():
     assert ("nanoGPT" in header) == baselines.torch_available()
     rows = [line for line in lines if line.startswith("| int64")]
     assert [row.split("|")[3].strip() for row in rows] == ["4", "16"]
-    assert "geometric mean" in out
+    assert "geometric mean" in out and "--full" not in out
 
 
 def test_bench_reports_progress_on_stderr():
@@ -432,6 +452,22 @@ def test_inspect_an_empty_file(tmp_path):
         "boundaries": "none recorded (each file is one document); with eos=ID also one after "
         "every token ID (--eos ID counts them)",
     }
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero on this OS")
+@pytest.mark.parametrize("command", ["inspect", "convert", "bench"])
+def test_a_device_is_refused_unread_in_one_line(tmp_path, command):
+    argv = {
+        "inspect": ["/dev/zero"],
+        "convert": ["/dev/zero", str(tmp_path / "out.npy")],
+        "bench": ["--file", "/dev/zero", "--paths", "reference"],
+    }[command]
+    code, out, err = run(command, *argv, "--quiet")
+    assert (code, out) == (1, "")
+    assert err == (
+        f"tokstream {command}: error: token file /dev/zero is not a regular file "
+        "(a device, pipe or socket)\n"
+    )
 
 
 def test_inspect_and_open_tokens_expand_a_pattern_alike(tmp_path):

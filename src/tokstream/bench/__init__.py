@@ -33,11 +33,13 @@ from tokstream.bench.report import (
     json_report,
     markdown_table,
     plot_cases,
+    summary_table,
     text_report,
     title,
 )
 
 __all__ = [
+    "summary_table",
     "SHAPES",
     "SYNTHETIC_DTYPES",
     "VOCAB_SIZE",

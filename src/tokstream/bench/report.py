@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 import os
 import platform
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,8 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], numeric
 
 
 def bench_table(cases: Sequence[Case], paths: Sequence[str]) -> str:
-    """One row per case: Mtok/s per path, then the ratios of :data:`baselines.RATIOS`."""
+    """Every path and ratio, one row per case (``--full``): Mtok/s per path, then the ratios of
+    :data:`baselines.RATIOS`."""
     shown = [
         (f"{top}/{bottom}", label)
         for top, bottom, label in baselines.RATIOS
@@ -69,16 +71,49 @@ def bench_table(cases: Sequence[Case], paths: Sequence[str]) -> str:
     rows = []
     for case in cases:
         ratios = case.ratios()
-        row = [
-            case.dtype,
-            "shuffled" if case.shuffle else "sequential",
-            str(case.block),
-            str(case.batch_size),
-        ]
+        row = [case.dtype, _order(case), str(case.block), str(case.batch_size)]
         row += [format_rate(case.median(p)) for p in paths]
         row += [f"{ratios[name]:.2f}x" for name, _ in shown]
         rows.append(row)
     return markdown_table(header, rows, numeric_from=2)
+
+
+#: The width the default report keeps to (with the default arguments): a terminal's.
+TERMINAL_WIDTH = 80
+
+#: The default table's paths, as a newcomer compares them: the reference generator, the best
+#: pure-NumPy gather, and tokstream; then tokstream's speed-up over the first two.
+SUMMARY_PATHS = {"reference": "reference", "best_numpy": "best NumPy", "fast": "tokstream"}
+SUMMARY_RATIOS = {"reference": "vs reference", "best_numpy": "vs NumPy"}
+
+
+def summary_table(cases: Sequence[Case], paths: Sequence[str]) -> str:
+    """The default table, narrow enough for a terminal: the shape, Mtok/s of the reference, the
+    best NumPy gather and tokstream, and tokstream's speed-up over each. A dtype or order column
+    appears only when the cases differ in it."""
+    shown = [p for p in SUMMARY_PATHS if p in paths]
+    against = [p for p in SUMMARY_RATIOS if p in paths]
+    header = ["shape"]
+    columns: list[Callable[[Case], str]] = []
+    if len({c.dtype for c in cases}) > 1:
+        header.insert(0, "dtype")
+        columns.append(lambda c: c.dtype)
+    if len({c.shuffle for c in cases}) > 1:
+        header.insert(len(columns), "order")
+        columns.append(_order)
+    header += [SUMMARY_PATHS[p] for p in shown] + [SUMMARY_RATIOS[p] for p in against]
+    rows = []
+    for case in cases:
+        ratios = case.ratios()
+        row = [column(case) for column in columns] + [f"{case.block} x {case.batch_size}"]
+        row += [format_rate(case.median(p)) for p in shown]
+        row += [f"{ratios[f'fast/{p}']:.1f}x" for p in against]
+        rows.append(row)
+    return markdown_table(header, rows, numeric_from=len(columns) + 1)
+
+
+def _order(case: Case) -> str:
+    return "shuffled" if case.shuffle else "sequential"
 
 
 def geometric_mean(values: Sequence[float]) -> float:
@@ -91,23 +126,44 @@ def geometric_mean(values: Sequence[float]) -> float:
 
 
 def title(source: str, rounds: int, batches: int) -> str:
-    """The heading of a report: version, corpus and how much was measured."""
+    """The heading of a report: version, corpus, and how much was measured, on two lines."""
     return (
-        f"tokstream {tokstream.__version__} bench: {source}, "
+        f"tokstream {tokstream.__version__} bench: {source}\n"
         f"median of {rounds} rounds of {batches} batches"
     )
 
 
-def text_report(cases: Sequence[Case], paths: Sequence[str], heading: str) -> str:
-    """The heading, the table, the geometric mean of fast/reference and what the units mean."""
-    parts = [heading, "", bench_table(cases, paths)]
+def text_report(
+    cases: Sequence[Case], paths: Sequence[str], heading: str, *, full: bool = False
+) -> str:
+    """The heading, the table (:func:`summary_table`, or with ``full`` :func:`bench_table`), the
+    geometric mean of tokstream's speed-up over the reference, and what the units mean."""
+    table = bench_table(cases, paths) if full else summary_table(cases, paths)
+    parts = [heading, "", table, ""]
     if "reference" in paths:
         summary = geometric_mean([c.ratios()["fast/reference"] for c in cases])
-        parts += ["", f"fast/reference, geometric mean over the rows: {summary:.1f}x"]
-    parts.append(
-        "Mtok/s = millions of context tokens per second (batch x block per batch); the gather "
-        "limit is in millions of windows per second and 'fast win/gather' compares windows/s."
-    )
+        name = "fast/reference" if full else "tokstream vs reference"
+        parts.append(f"{name}, geometric mean over the rows: {summary:.1f}x")
+    if full:
+        parts.append(
+            "Mtok/s = millions of context tokens per second (batch x block per batch); the "
+            "gather limit is in millions of windows per second and 'fast win/gather' compares "
+            "windows/s."
+        )
+    else:
+        # What the table's columns leave out when every row shares it.
+        dtypes, orders = {c.dtype for c in cases}, {_order(c) for c in cases}
+        common = [f"{dtypes.pop()} corpus"] if len(dtypes) == 1 else []
+        common += [f"{orders.pop()} windows"] if len(orders) == 1 else []
+        units = (
+            "Millions of context tokens per second; shape: block x batch size; vs: tokstream's "
+            "speed-up"
+        )
+        parts.append(textwrap.fill("; ".join([units, *common]) + ".", width=TERMINAL_WIDTH))
+        hidden = [baselines.PATH_LABELS[p] for p in paths if p not in SUMMARY_PATHS]
+        if hidden:
+            more = f"Also measured, shown with --full: {', '.join(hidden)}."
+            parts.append(textwrap.fill(more, width=TERMINAL_WIDTH))
     return "\n".join(parts)
 
 

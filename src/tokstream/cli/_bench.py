@@ -97,6 +97,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="NAME[,NAME...]",
         help=f"paths to time (default all: {', '.join(baselines.PATHS)}; fast is always timed)",
     )
+    bench.add_argument(
+        "--full",
+        action="store_true",
+        help="print every path measured and every ratio (a wide table: nanoGPT, buffer reuse, "
+        "the copy, gather and C-loop limits) instead of the reference, best NumPy and tokstream",
+    )
     bench.add_argument("--json", action="store_true", help="print a JSON report instead")
     bench.add_argument(
         "--plot",
@@ -225,7 +231,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         json.dump(document, stdout, indent=2)
         stdout.write("\n")
     else:
-        print(report.text_report(cases, paths, heading), file=stdout)
+        print(report.text_report(cases, paths, heading, full=args.full), file=stdout)
     # Notes on a finished run only: a run that fails says one thing, its error.
     for note in notes:
         print(f"{PROG} bench: {note}", file=stderr)

@@ -84,6 +84,9 @@ def existing_file(path: Any) -> Path:
         raise FileNotFoundError(2, "token file not found", os.fspath(path))
     if path.is_dir():
         raise ValueError(f"token file {path} is a directory; pass a pattern such as '{path}/*'")
+    # A device or a pipe has no size to map and may never end (/dev/zero): refused unread.
+    if not path.is_file():
+        raise ValueError(f"token file {path} is not a regular file (a device, pipe or socket)")
     return path
 
 
