@@ -5,6 +5,8 @@ reference (:func:`tokstream.reference.stream_token_source`), assembling them wit
 kernel instead of one ``np.stack`` per batch.
 """
 
+from importlib.metadata import version as _version
+
 try:
     from tokstream import _kernels
 except ImportError as exc:  # pragma: no cover - exercised only by a broken install
@@ -20,7 +22,8 @@ from tokstream.mixture import Mixture, mix
 from tokstream.split import split
 from tokstream.stream import TokenStream, stream_token_source
 
-__version__ = "0.1.0"
+# Written once, in pyproject.toml; the installed package's metadata carries it.
+__version__ = _version("tokstream")
 
 __all__ = [
     "Corpus",
@@ -34,4 +37,4 @@ __all__ = [
     "write_tokens",
 ]
 
-del _kernels
+del _kernels, _version
