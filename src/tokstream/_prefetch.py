@@ -52,7 +52,7 @@ class _Handoff:
     """
 
     def __init__(self, depth: int) -> None:
-        self._items: collections.deque = collections.deque()
+        self._items: collections.deque[Any] = collections.deque()
         self._depth = depth
         self._added = _held_lock()
         self._taken = _held_lock()
@@ -207,7 +207,7 @@ class Prefetcher:
                 item = self._handoff.get(_POLL_SECONDS)
                 break
             except queue.Empty:
-                if self.orphaned or not self._thread.is_alive():
+                if self.orphaned or self._thread is None or not self._thread.is_alive():
                     if self._handoff.empty():
                         raise RuntimeError(
                             "the prefetch thread is gone (stopped, or lost in a fork)"

@@ -371,8 +371,8 @@ def _c_loop(
     rows = max(min(batch_size, num_windows), 0)  # the largest batch
     windows = np.empty((rows, block), dtype=np.int64)
     next_tokens = np.empty(rows, dtype=np.int64)
-    if distance is None and rows:
-        distance = best_c_loop_distance(ids, block, rows, seed)
+    if distance is None:
+        distance = best_c_loop_distance(ids, block, rows, seed) if rows else 0
     for starts in _batch_starts(num_windows, batch_size, epochs, shuffle, seed):
         count = starts.shape[0]
         _loop.copy_windows(ids, starts, windows, next_tokens, distance)

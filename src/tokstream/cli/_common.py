@@ -68,4 +68,4 @@ def dtype_name(text: str) -> str:
     except TypeError:
         raise argparse.ArgumentTypeError(f"expected an integer dtype, got {text!r}") from None
     # The name drops the byte order: ">u2" must not come back as the native "uint16".
-    return dtype.name if dtype.isnative else dtype.str
+    return str(dtype.name if dtype.isnative else dtype.str)

@@ -55,7 +55,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _output_format(args: argparse.Namespace) -> str:
     if args.format is not None:
-        return args.format
+        chosen: str = args.format
+        return chosen
     suffix = Path(args.output).suffix.lower()
     if suffix not in files.SUFFIX_FORMATS:
         raise UsageError(
