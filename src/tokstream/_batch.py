@@ -13,13 +13,16 @@ mask) or found from the position ids one read per piece (``cu_seqlens``):
   batch (every row start is one), from 0 to ``b * block``, with ``"max_seqlen"`` (a Python int),
   flash-attention's varlen interface;
 - ``"source"``, ``(b,)`` int64: each row's source in a :func:`tokstream.mix` mixture (its index
-  in the dict of sources), written by the mixture's order.
+  in the dict of sources), written by the mixture's order;
+- ``"origin"``, ``(b, 2)`` int64: each row's shard (its index in ``corpus.shards``; a mixture's
+  shards are its sources' in order) and the offset of the row's first token in that shard (a
+  packed row: its first piece's; a row of padding only: ``(-1, -1)``).
 """
 
 from __future__ import annotations
 
 import sys
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -53,6 +56,8 @@ def new_buffers(options: StreamOptions, rows: int) -> dict[str, np.ndarray]:
         buffers["document_ids"] = np.empty((rows, block), np.int32)
     if "source" in options.extras:
         buffers["source"] = np.empty(rows, np.int64)
+    if "origin" in options.extras:
+        buffers["origin"] = np.empty((rows, 2), np.int64)
     return buffers
 
 
@@ -137,6 +142,23 @@ def fill(gather: WindowGather, windows_index: np.ndarray, buffers: dict[str, np.
         buffers.get("label_continues"),
         **document_ids,
     )
+    if "origin" in buffers:
+        write_origins(gather, windows_index, buffers["origin"])
+
+
+def write_origins(space: Any, windows_index: np.ndarray, out: np.ndarray) -> None:
+    """The ``"origin"`` extra: ``(shard, first token in the shard)`` of each row into ``out``.
+
+    ``space`` is the stream's window space; its ``token_starts`` gives each row's first token in
+    the shards laid end to end (-1 for a row without one).
+    """
+    starts = space.token_starts(windows_index)
+    shard_starts = space.corpus.shard_starts
+    # The last shard starting at or before the token: an empty shard before it starts there too.
+    shard = np.searchsorted(shard_starts, starts, side="right") - 1
+    out[:, 0] = shard
+    np.subtract(starts, shard_starts[shard], out=out[:, 1])
+    out[starts < 0] = -1
 
 
 def assemble(buffers: dict[str, np.ndarray], extras: tuple[str, ...]) -> Batch:
@@ -149,6 +171,8 @@ def assemble(buffers: dict[str, np.ndarray], extras: tuple[str, ...]) -> Batch:
     }
     if "source" in extras:
         batch["source"] = buffers["source"]
+    if "origin" in extras:
+        batch["origin"] = buffers["origin"]
     if "document_ids" in extras:
         batch["document_ids"] = buffers["document_ids"]
     positions = buffers.get("position_ids")

@@ -39,6 +39,8 @@ WINDOW_POLICIES: tuple[WindowPolicy, ...] = get_args(WindowPolicy)
 DOCUMENT_EXTRAS = ("position_ids", "loss_mask", "cu_seqlens")
 PACKED_EXTRAS = ("document_ids",)
 MIXTURE_EXTRAS = ("source",)
+#: Extras every stream gives: where each row comes from.
+ROW_EXTRAS = ("origin",)
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ class StreamOptions:
         stride = positive_int(values["stride"], "stride")
         eos = None if values["eos"] is None else exact_int(values["eos"], "eos")
         extras = names_from(
-            values["extras"], "extras", allowed_extras + MIXTURE_EXTRAS + PACKED_EXTRAS
+            values["extras"], "extras", allowed_extras + ROW_EXTRAS + MIXTURE_EXTRAS + PACKED_EXTRAS
         )
         pad = None if values["pad"] is None else exact_int(values["pad"], "pad")
         if packed:

@@ -124,6 +124,22 @@ class WindowOrder:
         following = Cursor(cursor.epoch, cursor.position + self._global_batch, cursor.rng_state)
         return following if self.rows_at(following) else None
 
+    def cursor_at(self, epoch: int, position: int, known: Cursor) -> Cursor:
+        """The cursor at order position ``position`` of ``epoch``.
+
+        O(1) but for drawn orders, whose cursor carries the generator at the epoch's start:
+        that is found by drawing the orders of the epochs before it, from ``known`` (a cursor
+        of this stream) when it is not past ``epoch``, else from the seed.
+        """
+        if not self.draws_orders:
+            return Cursor(epoch, position, None)
+        start = known if known.epoch <= epoch else self.first_cursor()
+        rng = np.random.RandomState()
+        rng.set_state(start.rng_state)
+        for _ in range(epoch - start.epoch):
+            rng.permutation(self.num_windows)
+        return Cursor(epoch, position, rng.get_state())
+
     def next_epoch(self, cursor: Cursor) -> Cursor:
         """The first cursor of the epoch after ``cursor``'s."""
         rng_state = None

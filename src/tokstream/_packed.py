@@ -112,6 +112,19 @@ class PackedSpace:
             document_ids,
         )
 
+    def token_starts(self, windows_index: np.ndarray) -> np.ndarray:
+        """Each row's first token (its first piece's) in the shards laid end to end; -1 for a
+        row that holds no piece."""
+        if not windows_index.shape[0]:
+            return np.empty(0, np.int64)
+        epoch, positions = np.divmod(windows_index, max(1, self.num_windows))
+        pieces = self.packing.rows(int(epoch[0]), positions)
+        first = pieces.row_offsets[:-1]
+        has_piece = first < pieces.row_offsets[1:]
+        starts = np.full(windows_index.shape[0], -1, np.int64)
+        starts[has_piece] = pieces.starts[first[has_piece]]
+        return starts
+
 
 class PackedOrder(WindowOrder):
     """The order of a packed stream's samples: positions ``0 .. num_rows - 1`` of each epoch,

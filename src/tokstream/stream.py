@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tokstream import _batch, _state
+from tokstream import _batch, _state, _validate
 from tokstream._batch import Batch
 from tokstream._gather import window_space
 from tokstream._kernels import advice
@@ -311,6 +311,44 @@ class TokenStream(Iterator[Batch]):
         with self._lock:
             return _state.encode(self._delivered_cursor(), dict(self._fingerprint), self._options)
 
+    def seek(self, step: Any) -> None:
+        """Move the cursor to the start of this rank's step ``step`` (0-based from the run's start).
+
+        The next batch is the one the stream yields as its ``step``-th from the start, found
+        without making the batches before it: O(1) arithmetic on the cursor, for every window
+        policy and permutation but one: a drawn (``permutation="materialized"``) order needs
+        the generator at the start of the target epoch, so each epoch between the cursor's and
+        the target's (or, seeking back, from the first) has its order drawn once. A step at or
+        past ``len(stream)`` leaves nothing to yield. Skipping the batches after a loss spike is
+        ``stream.seek(step + k)``. Like :meth:`load_state_dict`, it stops a prefetch thread and
+        reopens a closed stream; steps are counted in this stream's shape (a stream resumed from
+        another shape counts from the start as if it had had this one).
+
+        Raises
+        ------
+        TypeError
+            ``step`` is not an int.
+        ValueError
+            ``step`` is negative.
+        """
+        step = _validate.nonnegative_int(step, "step")
+        per_epoch = self.batches_per_epoch
+        epochs = self._options.epochs
+        if per_epoch:
+            epoch, batch = divmod(min(step, epochs * per_epoch), per_epoch)
+        else:
+            epoch, batch = 0, 0
+        with self._deliver_lock:
+            self._discard_prefetcher()
+            with self._lock:
+                known = self._cursor
+                cursor = self._order.cursor_at(epoch, batch * self.global_batch_size, known)
+                self._order.release()
+                self._fresh.clear()
+                if self._readahead is not None:
+                    self._readahead.reset()
+                self._cursor, self._closed, self._delivered = cursor, False, None
+
     def load_state_dict(self, state: Any) -> None:
         """Move the cursor to ``state`` (from :meth:`state_dict`); the next batch follows it.
 
@@ -429,7 +467,8 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         ``block + 1`` tokens lie inside one document, at ``document_start + k * stride``:
         shorter documents are dropped (``Corpus.tokens_in_windows`` counts the tokens kept).
     extras
-        ``"position_ids"``, ``"loss_mask"``, ``"cu_seqlens"``, ``"source"`` (a mixture's): each
+        ``"position_ids"``, ``"loss_mask"``, ``"cu_seqlens"``, ``"origin"`` (each row's shard
+        and first token in it), ``"source"`` (a mixture's): each
         batch is then a dict of ``"input_ids"``, ``"labels"`` and these (:mod:`tokstream._batch`).
     samples
         A mixture's samples per epoch (default: its sources' windows together).
