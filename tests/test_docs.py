@@ -115,7 +115,7 @@ COMPILED = {
         ("_kernels.gather", "gather_windows", "tokens, starts, windows"),
         ("_kernels.order", "permuted_positions", "out, first, stride"),
         ("_kernels.order", "round_keys", "keys, seed, epoch"),
-        ("_kernels.mixture", "divisor", "d"),
+        ("_kernels.mixture", "schedule_samples", "nodes, root, first"),
         ("_kernels.advice", "advise_windows", "tokens, starts, span"),
         ("_kernels.advice", "resident_fraction", "tokens"),
         ("_kernels.pack", "best_fit", "lengths, capacity, rows"),

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 import tokstream.mixture
 from fuzz import model
 from tokstream import Corpus, TokenStream, mix, open_tokens, stream_token_source
-from tokstream._kernels.mixture import MixtureWindows, divisor
 from tokstream._kernels.order import permuted_positions
 from tokstream._order import implicit_domain, implicit_round_keys
+from tokstream._schedule import MixtureWindows, divisor
 from tokstream._state import Cursor
 from tokstream.mixture import WEIGHT_TOTAL
 

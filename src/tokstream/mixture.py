@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 
 from tokstream._gather import WindowGather
-from tokstream._kernels.mixture import MixtureWindows
 from tokstream._options import StreamOptions
 from tokstream._order import FEISTEL_ROUNDS, WindowOrder, implicit_domain
+from tokstream._schedule import MixtureWindows
 from tokstream._state import Cursor
 from tokstream._validate import INT64_MAX
 from tokstream.corpus import Corpus, _read_only

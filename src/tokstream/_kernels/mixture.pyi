@@ -1,31 +1,35 @@
-"""Type stubs of the compiled mixture kernel (src/tokstream/_kernels/mixture.pyx)."""
-
-from collections.abc import Sequence
+"""Stubs for the compiled mixture kernel ``tokstream._kernels.mixture`` (see ``mixture.pyx``)."""
 
 import numpy as np
 import numpy.typing as npt
 
-def divisor(d: int) -> tuple[int, int]: ...
+def schedule_samples(
+    nodes: npt.NDArray[np.void],  # const Node[::1], tokstream._schedule.NODE records
+    root: int,  # int64_t
+    first: int,  # uint64_t
+    step: int,  # uint64_t
+    out: npt.NDArray[np.int64],  # int64_t[:, ::1], (count, 2): source, local index
+) -> None: ...
 
-class MixtureWindows:
+class MixtureTables:
     def __init__(
         self,
+        nodes: npt.NDArray[np.void],  # const Node[::1]
         root: int,  # int64_t
-        nodes: npt.ArrayLike,  # (sources - 1, 4): p, q, left, right
-        weights: Sequence[int],  # one per source
-        sources: Sequence[Sequence[int]],  # (first window, n_s, low_bits, high_size) per source
-        num_windows: int,  # int64_t
+        period: npt.NDArray[np.void],  # const Row[::1], empty: walk the tree
+        period_magic: int,  # uint64_t
+        period_shift: int,  # uint64_t
+        sources: npt.NDArray[np.void],  # const Source[::1]
         seed: int,  # uint64_t
         shuffle: bool,  # bint
-        rounds: int,  # Py_ssize_t, even
-        period_limit: int,  # Py_ssize_t
+        keys: npt.NDArray[np.uint64],  # uint64_t[:, ::1], (sources, rounds)
+        caches: npt.NDArray[np.void],  # SourceCache[::1], one per source
     ) -> None: ...
-    @property
-    def period_length(self) -> int: ...
-    def schedule(self, first: int, step: int, count: int) -> npt.NDArray[np.int64]: ...
     def fill(
         self,
-        windows: npt.NDArray[np.int64],  # int64_t[::1]
-        first: int,  # int64_t
-        step: int,  # int64_t
+        windows_index: npt.NDArray[np.int64],  # int64_t[::1]
+        first: int,  # uint64_t
+        step: int,  # uint64_t
+        samples: npt.NDArray[np.void],  # Sample[::1], scratch, at least len(windows_index)
+        places: npt.NDArray[np.int64],  # int64_t[::1], scratch, at least len(windows_index)
     ) -> None: ...
