@@ -42,7 +42,7 @@ def time_discipline(ids: np.ndarray, block: int, batch_size: int, discipline: st
                 np.empty((batch_size, block), np.int64),
                 np.empty(batch_size, np.int64),
             )
-        kernel(ids, batch, windows, next_tokens, None, None, 0)
+        kernel(ids, batch, windows, next_tokens, None, 0)
     return (time.perf_counter() - started) / batches * 1e6
 
 

@@ -39,7 +39,7 @@ def sweep(ids: np.ndarray, block: int, batch_size: int, rounds: int) -> dict[str
                 started = time.perf_counter()
                 for batch in starts:
                     if name == "kernel":
-                        kernel(ids, batch, windows, next_tokens, None, None, distance)
+                        kernel(ids, batch, windows, next_tokens, None, distance)
                     else:
                         loop(ids, batch, windows, next_tokens, distance)
                 rate = batches * batch_size * block / (time.perf_counter() - started) / 1e6

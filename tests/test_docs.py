@@ -112,7 +112,8 @@ COMPILED = {
 @pytest.mark.parametrize(
     ("module", "name", "first_parameters"),
     [
-        ("_kernels.gather", "gather_windows", "tokens, starts, windows"),
+        ("_kernels.gather", "gather_windows", "tokens, starts, input_ids"),
+        ("_kernels.gather", "lookup_windows", "windows_index, offsets"),
         ("_kernels.order", "permuted_positions", "out, first, stride"),
         ("_kernels.order", "round_keys", "keys, seed, epoch"),
         ("_kernels.mixture", "schedule_samples", "nodes, root, first"),

@@ -23,7 +23,7 @@ from tests.oracle_documents import (
     materialized_orders,
 )
 from tokstream import Corpus, mix, open_tokens, reference, stream_token_source
-from tokstream._gather import WindowGather, _document_buckets
+from tokstream._gather import WindowGather, document_buckets
 from tokstream._kernels import DEBUG_BUILD
 from tokstream._kernels.documents import document_pieces, gather_documents
 
@@ -602,7 +602,7 @@ def test_document_pieces_match_the_zeros_of_the_position_ids(seed):
 def test_document_buckets_bound_the_first_start_after_every_token(length, num_starts):
     rng = np.random.default_rng(length * 1009 + num_starts)
     starts = np.sort(rng.integers(1, length + 1, num_starts)).astype(np.int64)
-    shift, buckets = _document_buckets(starts, length)
+    shift, buckets = document_buckets(starts, length)
     assert buckets.shape[0] == ((length - 1) >> shift) + 2
     assert buckets.shape[0] <= 2 * num_starts + 3  # O(documents)
     for token in range(length):
@@ -632,26 +632,28 @@ def test_window_starts_over_many_documents_match_a_searchsorted_oracle(seed):
 
 
 @pytest.mark.skipif(not DEBUG_BUILD, reason="release builds run without bounds checks")
-def test_debug_build_catches_an_out_of_range_document_window():
+def test_debug_build_catches_a_document_buffer_short_of_the_batch():
+    # Where the windows lie is checked by the lookup (test_kernel.py); the document kernel's
+    # own indices are its buffers' rows.
     tokens = np.arange(10, dtype=np.int64)
-    starts, shift, buckets = np.zeros(0, np.int64), *_document_buckets(np.zeros(0, np.int64), 10)
+    starts, shift, buckets = np.zeros(0, np.int64), *document_buckets(np.zeros(0, np.int64), 10)
     windows, targets = np.empty((1, 4), np.int64), np.empty((1, 4), np.int64)
-    positions, continues = np.empty((1, 4), np.int64), np.empty((1, 4), np.uint8)
+    positions, continues = np.empty((0, 4), np.int64), np.empty((1, 4), np.uint8)
     with pytest.raises(IndexError):
         gather_documents(
             tokens,
-            np.array([6], np.int64),  # 6 + 4 == len(tokens): the last label is out of range
+            np.array([tokens.ctypes.data], np.uint64),
+            np.array([0], np.int64),
             windows,
             None,
             targets,
-            None,
             0,
             starts,
             buckets,
             shift,
             0,
             False,
-            positions,
+            positions,  # no row for the batch's one window
             continues,
             np.empty((1, 3), np.int64),
         )

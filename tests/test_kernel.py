@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import KERNEL_DTYPES
 from tokstream._gather import PREFETCH_BYTES, PREFETCH_MAX_WINDOWS, prefetch_distance
-from tokstream._kernels import DEBUG_BUILD, documents, gather
+from tokstream._kernels import DEBUG_BUILD, gather
 
 
 def test_loaded_kernel_is_the_compiled_extension():
@@ -51,15 +51,14 @@ def test_kernel_gathers_windows_next_tokens_and_shifted_targets(dtype):
     assert targets.tolist() == [list(range(s + 1, s + 7)) for s in starts]
 
 
-def test_kernel_reads_strided_starts_and_writes_through_rows():
+def test_kernel_reads_strided_starts():
     tokens = np.arange(100, dtype=np.uint16)
     starts = np.arange(0, 80, 10, dtype=np.int64)[::2]  # 0, 20, 40, 60 (strided view)
-    rows = np.array([3, 2, 1, 0], dtype=np.int64)
     windows = np.empty((4, 3), np.int64)
     next_tokens = np.empty(4, np.int64)
-    gather.gather_windows(tokens, starts, windows, next_tokens, None, rows)
-    assert windows[:, 0].tolist() == [60, 40, 20, 0]
-    assert next_tokens.tolist() == [63, 43, 23, 3]
+    gather.gather_windows(tokens, starts, windows, next_tokens)
+    assert windows[:, 0].tolist() == [0, 20, 40, 60]
+    assert next_tokens.tolist() == [3, 23, 43, 63]
 
 
 def test_kernel_accepts_read_only_corpora():
@@ -80,104 +79,122 @@ def test_debug_build_catches_an_out_of_range_window():
 
 
 def segment_arguments(shards, block, stride, shift=0):
-    """``gather_segments``' description of ``shards`` as segments (those holding a window),
-    with buckets of ``2**shift`` windows (shift 0: one bucket per window)."""
+    """``lookup_windows``' description of ``shards`` as segments (those holding a window),
+    with buckets of ``2**shift`` windows (shift 0: one bucket per window): ``(kept shards,
+    offsets, first tokens in the shards laid end to end, addresses, lengths, buckets)``."""
     counts = [max(0, (len(s) - block - 1) // stride + 1) for s in shards]
     kept = [k for k, n in enumerate(counts) if n]
     offsets = np.concatenate([[0], np.cumsum([counts[k] for k in kept])]).astype(np.int64)
+    shard_starts = np.concatenate([[0], np.cumsum([len(s) for s in shards])]).astype(np.int64)
     addresses = np.array([shards[k].ctypes.data for k in kept], np.uint64)
     lengths = np.array([len(shards[k]) for k in kept], np.int64)
     firsts = np.arange(((offsets[-1] - 1) >> shift) + 1) << shift
     buckets = np.searchsorted(offsets[:-1], firsts, side="right") - 1
     buckets = np.append(buckets, len(kept) - 1).astype(np.int64)
-    return kept, offsets, addresses, lengths, buckets
+    return kept, offsets, shard_starts[kept], addresses, lengths, buckets
+
+
+def looked_up(shards, index, block, stride, shift, probes):
+    """``(starts, addresses)`` of windows ``index`` by ``lookup_windows``."""
+    _, offsets, firsts, addresses, lengths, buckets = segment_arguments(
+        shards, block, stride, shift
+    )
+    starts, found = np.empty(len(index), np.int64), np.empty(len(index), np.uint64)
+    gather.lookup_windows(
+        index, offsets, firsts, addresses, lengths, buckets, shift, probes, stride,
+        shards[0].itemsize, block, starts, found,
+    )  # fmt: skip
+    return starts, found
 
 
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES)
-@pytest.mark.parametrize("prefetch", [0, 3])
+@pytest.mark.parametrize("cache_ahead", [0, 3])
 @pytest.mark.parametrize("stride", [1, 4])
 # Any bucket width, and any number of fixed search steps (too few: the search finishes anyway).
 @pytest.mark.parametrize(("shift", "probes"), [(0, 0), (2, 1), (3, 2), (10, 3), (10, 0), (4, 9)])
-def test_segment_kernel_gathers_each_window_from_its_own_segment(
-    dtype, prefetch, stride, shift, probes
+def test_looked_up_windows_are_gathered_each_from_its_own_segment(
+    dtype, cache_ahead, stride, shift, probes
 ):
     rng = np.random.default_rng(4)
     shards = [rng.integers(0, 100, n).astype(dtype) for n in (30, 0, 12, 50, 5, 9)]
     block = 6
-    kept, offsets, addresses, lengths, buckets = segment_arguments(shards, block, stride, shift)
+    kept, offsets, firsts, *_ = segment_arguments(shards, block, stride, shift)
     expected_rows = [
         shards[k][j * stride :][: block + 1].astype(np.int64)
         for k, n in zip(kept, np.diff(offsets), strict=True)
         for j in range(n)
     ]
+    expected_starts = [
+        first + j * stride
+        for first, n in zip(firsts, np.diff(offsets), strict=True)
+        for j in range(n)
+    ]
     index = rng.integers(0, offsets[-1], 40).astype(np.int64)
+    starts, addresses = looked_up(shards, index, block, stride, shift, probes)
+    assert starts.tolist() == [expected_starts[w] for w in index]
     windows, targets = np.empty((40, block), np.int64), np.empty((40, block), np.int64)
     next_tokens = np.empty(40, np.int64)
-    described = (shards[0], index, offsets, addresses, lengths, buckets, shift, probes, stride)
-    kernel = gather.gather_segments
-    kernel(*described, np.empty(40, np.int64), windows, next_tokens, None, prefetch)
+    gather.gather_at(shards[0], addresses, windows, next_tokens, None, cache_ahead)
     expected = np.stack([expected_rows[w] for w in index])
     np.testing.assert_array_equal(windows, expected[:, :-1])
     np.testing.assert_array_equal(next_tokens, expected[:, -1])
-    kernel(*described, np.empty(40, np.int64), windows, None, targets, prefetch)
+    gather.gather_at(shards[0], addresses, windows, None, targets, cache_ahead)
     np.testing.assert_array_equal(targets, expected[:, 1:])
 
 
-def test_segment_kernels_read_a_strided_index_and_an_empty_one():
+def test_the_lookup_reads_a_strided_index_and_an_empty_one():
     # A rank's slice of a materialized order is a strided view: the segment lookup reads it
     # by its byte stride. No window: nothing is read or written.
     shards = [np.arange(30), np.arange(100, 112), np.arange(200, 250)]
-    _, offsets, addresses, lengths, buckets = segment_arguments(shards, 6, 1, 2)
+    _, offsets, firsts, addresses, lengths, buckets = segment_arguments(shards, 6, 1, 2)
     strided = np.arange(offsets[-1], dtype=np.int64)[::-1].copy()[::3]
     shard = np.searchsorted(offsets, strided, side="right") - 1
-    described = (shards[0], strided, offsets, addresses, lengths, buckets, 2, 2, 1)
+    starts, found = looked_up(shards, strided, 6, 1, 2, 2)
+    assert starts.tolist() == (firsts[shard] + strided - offsets[shard]).tolist()
     windows, next_tokens = np.empty((len(strided), 6), np.int64), np.empty(len(strided), np.int64)
-    gather.gather_segments(*described, np.empty(len(strided), np.int64), windows, next_tokens)
+    gather.gather_at(shards[0], found, windows, next_tokens)
     assert (
         windows[:, 0].tolist()
         == (np.array([0, 100, 200])[shard] + strided - offsets[shard]).tolist()
     )
-    shard_starts = np.array([0, 30, 42], np.int64)  # the shards laid end to end
-    starts = np.empty(len(strided), np.int64)
-    documents.segment_token_starts(strided, offsets, shard_starts, 1, buckets, 2, 2, starts)
-    assert starts.tolist() == (shard_starts[shard] + strided - offsets[shard]).tolist()
+    starts_only = np.empty(len(strided), np.int64)
+    described = (offsets, firsts, addresses, lengths, buckets, 2, 2, 1, 8, 6)
+    gather.lookup_windows(strided, *described, starts_only)
+    assert starts_only.tolist() == starts.tolist()
     empty = np.empty(0, np.int64)
-    gather.gather_segments(
-        *described[:1], empty, *described[2:], empty, np.empty((0, 6), np.int64), empty
-    )
-    documents.segment_token_starts(empty, offsets, shard_starts, 1, buckets, 2, 2, empty)
+    gather.lookup_windows(empty, *described, empty, np.empty(0, np.uint64))
+    gather.gather_at(shards[0], np.empty(0, np.uint64), np.empty((0, 6), np.int64), empty)
 
 
 @pytest.mark.skipif(not DEBUG_BUILD, reason="release builds run without bounds checks")
 def test_debug_build_catches_a_window_past_its_segment():
     shards = [np.arange(10), np.arange(10)]
-    _, offsets, addresses, lengths, buckets = segment_arguments(shards, 4, 1)
-    windows, next_tokens = np.empty((1, 4), np.int64), np.empty(1, np.int64)
+    _, offsets, firsts, addresses, lengths, buckets = segment_arguments(shards, 4, 1)
     with pytest.raises(IndexError, match="inside its segment"):
-        gather.gather_segments(
-            shards[0],
+        gather.lookup_windows(
             np.array([5], np.int64),
             offsets,
+            firsts,
             addresses,
             lengths - 1,  # a description that claims one token fewer than the windows need
             buckets,
             0,
             0,
             1,
+            8,
+            4,
             np.empty(1, np.int64),
-            windows,
-            next_tokens,
         )
 
 
 @pytest.mark.parametrize("dtype", ["u2", "i8"])
-@pytest.mark.parametrize("prefetch", [0, 1, 3, 64, 2**62, -5])
-def test_software_prefetch_distance_never_changes_the_windows(dtype, prefetch):
+@pytest.mark.parametrize("cache_ahead", [0, 1, 3, 64, 2**62, -5])
+def test_software_prefetch_distance_never_changes_the_windows(dtype, cache_ahead):
     tokens = np.random.default_rng(0).integers(0, 1000, 500).astype(dtype)
     starts = np.random.default_rng(1).integers(0, 500 - 17, 50)
     windows = np.empty((50, 16), np.int64)
     next_tokens = np.empty(50, np.int64)
-    gather.gather_windows(tokens, starts, windows, next_tokens, None, None, prefetch)
+    gather.gather_windows(tokens, starts, windows, next_tokens, None, cache_ahead)
     want = np.stack([tokens[s : s + 16] for s in starts]).astype(np.int64)
     np.testing.assert_array_equal(windows, want)
     np.testing.assert_array_equal(next_tokens, tokens[starts + 16])
@@ -310,7 +327,7 @@ def test_kernel_maps_window_indices_to_first_tokens_by_stride_and_offset(
     targets, next_tokens = (
         (np.empty((5, block), np.int64), None) if shifted else (None, np.empty(5, np.int64))
     )
-    gather.gather_windows(tokens, indices, windows, next_tokens, targets, None, 2, stride, offset)
+    gather.gather_windows(tokens, indices, windows, next_tokens, targets, 2, stride, offset)
     np.testing.assert_array_equal(windows, expected[:, :-1])
     if shifted:
         np.testing.assert_array_equal(targets, expected[:, 1:])

@@ -14,14 +14,14 @@ from collections.abc import Iterator
 import numpy as np
 
 from tokstream._kernels.advice import advise_windows
-from tokstream._kernels.documents import gather_documents, segment_token_starts
-from tokstream._kernels.gather import gather_segments, gather_windows
+from tokstream._kernels.documents import gather_documents
+from tokstream._kernels.gather import gather_at, gather_windows, lookup_windows
 from tokstream._options import StreamOptions
 from tokstream.corpus import (
     Corpus,
     _cumulative,
-    _read_only,
     capped_stride,
+    frozen,
     windows_per_segment,
 )
 
@@ -97,8 +97,8 @@ class WindowGather:
         stride = capped_stride(segment_lengths, stride)
         counts = windows_per_segment(segment_lengths, block, stride)
         kept = np.flatnonzero(counts)
-        self._segment_starts = _read_only(segment_starts[kept].copy())
-        self._offsets = _read_only(_cumulative(counts[kept]))
+        self._segment_starts = frozen(segment_starts[kept].copy())
+        self._offsets = frozen(_cumulative(counts[kept]))
         self.num_windows = int(self._offsets[-1])
         self._stride = stride
         # With a single segment a window's start is an affine function of its index.
@@ -112,28 +112,30 @@ class WindowGather:
         # no batch pays the fused-type dispatch.
         key = f"{corpus.dtype.name}_t"
         self._kernel = gather_windows.__signatures__[key]
-        self._kernel_segments = gather_segments.__signatures__[key]
-        # (a shard, each segment's first-token address, each segment's length): every segment
-        # lies in one shard (a shard starts every document), found as the last shard starting
-        # at or before it; the addresses stay valid as long as ``self._shards`` lives.
+        self._kernel_at = gather_at.__signatures__[key]
+        self._documents = gather_documents.__signatures__[key]
+        self._advise = advise_windows.__signatures__[key]
+        # Each segment's first-token address and its length: every segment lies in one shard
+        # (a shard starts every document), found as the last shard starting at or before it;
+        # the addresses stay valid as long as ``self._shards`` lives. Frozen: nothing a caller
+        # can do makes the kernels' bounds writeable.
         shard_of = np.searchsorted(self._shard_starts, self._segment_starts, side="right") - 1
         shard_addresses = np.array([shard.ctypes.data for shard in self._shards], np.uint64)
         local = (self._segment_starts - self._shard_starts[shard_of]).astype(np.uint64)
-        self._segments = (
-            self._shards[0],
-            _read_only(shard_addresses[shard_of] + local * np.uint64(corpus.dtype.itemsize)),
-            _read_only(segment_lengths[kept].astype(np.int64)),
+        self._segment_addresses = frozen(
+            shard_addresses[shard_of] + local * np.uint64(corpus.dtype.itemsize)
         )
-        self._documents = gather_documents.__signatures__[key]
-        self._advise = advise_windows.__signatures__[key]
+        self._segment_lengths = frozen(segment_lengths[kept].astype(np.int64))
         self._eos = 0 if eos is None else eos
         self._use_eos = eos is not None
-        # Each shard's recorded document starts, local to the shard, and their buckets
-        # (shift, counts) for the document kernel.
-        self._document_starts = []
-        for base, length in zip(self._shard_starts, corpus.lengths, strict=True):
-            starts = _local_starts(corpus.document_boundaries, int(base), int(length))
-            self._document_starts.append((starts, *_document_buckets(starts, int(length))))
+        # The recorded document starts inside the corpus (positions in the shards laid end to
+        # end; a shard's own start is one) and their buckets (shift, counts).
+        boundaries, total = corpus.document_boundaries, corpus.num_tokens
+        inside = boundaries[(boundaries > 0) & (boundaries < total)]
+        self._document_starts = frozen(inside.astype(np.int64))
+        self._document_shift, self._document_buckets = document_buckets(
+            self._document_starts, total
+        )
 
     @property
     def offsets(self) -> np.ndarray:
@@ -153,16 +155,25 @@ class WindowGather:
             if self._stride == 1 and self._one_segment_base == 0:
                 return windows
             return windows * self._stride + self._one_segment_base
+        return self._lookup(windows, None)
+
+    def _lookup(self, windows: np.ndarray, addresses: np.ndarray | None) -> np.ndarray:
+        """Each window's first token (returned) and, into ``addresses``, its address."""
         starts = np.empty(windows.shape[0], np.int64)
-        segment_token_starts(
+        lookup_windows(
             windows,
             self._offsets,
             self._segment_starts,
-            self._stride,
+            self._segment_addresses,
+            self._segment_lengths,
             self._bucket_segments,
             self._bucket_shift,
             self._bucket_probes,
+            self._stride,
+            self.corpus.dtype.itemsize,
+            self.block,
             starts,
+            addresses,
         )
         return starts
 
@@ -195,31 +206,11 @@ class WindowGather:
             raise ValueError(
                 f"a batch buffer is not {wide} (windows {windows.shape}): reshaped in place?"
             )
-        if position_ids is not None or label_continues is not None:
-            # Windows and their document positions in one kernel call per shard touched.
-            starts = self.token_starts(windows_index)
-            groups = [(0, None, starts)] if self._single is not None else self._by_shard(starts)
-            for shard, group, local_starts in groups:
-                document_starts, shift, buckets = self._document_starts[shard]
-                self._documents(
-                    self._shards[shard],
-                    local_starts,
-                    windows,
-                    next_tokens,
-                    targets,
-                    group,
-                    self._prefetch,
-                    document_starts,
-                    buckets,
-                    shift,
-                    self._eos,
-                    self._use_eos,
-                    position_ids,
-                    label_continues,
-                    np.empty((local_starts.shape[0], 3), np.int64),
-                )
-            return
-        if self._single is not None and self._one_segment_base is not None:
+        if (
+            self._single is not None
+            and self._one_segment_base is not None
+            and (position_ids is None and label_continues is None)
+        ):
             # One segment in one shard: the kernel maps indices to first tokens itself.
             self._kernel(
                 self._single,
@@ -227,29 +218,36 @@ class WindowGather:
                 windows,
                 next_tokens,
                 targets,
-                None,
                 self._prefetch,
                 self._stride,
                 self._one_segment_base,
             )
             return
-        # Any other index space: each window's segment looked up in the kernel, one call.
-        anchor, addresses, lengths = self._segments
-        self._kernel_segments(
-            anchor,
-            windows_index,
-            self._offsets,
+        # Any other index space: each window's segment looked up in one kernel call, then
+        # every window copied from its address in one more, whatever shards it lies in.
+        addresses = np.empty(windows_index.shape[0], np.uint64)
+        starts = self._lookup(windows_index, addresses)
+        if position_ids is None and label_continues is None:
+            self._kernel_at(
+                self._shards[0], addresses, windows, next_tokens, targets, self._prefetch
+            )
+            return
+        self._documents(
+            self._shards[0],
             addresses,
-            lengths,
-            self._bucket_segments,
-            self._bucket_shift,
-            self._bucket_probes,
-            self._stride,
-            np.empty(windows_index.shape[0], np.int64),
+            starts,
             windows,
             next_tokens,
             targets,
             self._prefetch,
+            self._document_starts,
+            self._document_buckets,
+            self._document_shift,
+            self._eos,
+            self._use_eos,
+            position_ids,
+            label_continues,
+            np.empty((windows_index.shape[0], 3), np.int64),
         )
 
     def advise(self, windows_index: np.ndarray, sample: int) -> int:
@@ -322,16 +320,10 @@ def _segment_buckets(offsets: np.ndarray) -> tuple[int, np.ndarray, int]:
     firsts = np.arange(((num_windows - 1) >> shift) + 1, dtype=np.int64) << shift
     buckets = np.append(np.searchsorted(offsets[:-1], firsts, side="right") - 1, segments - 1)
     widest = int(np.diff(buckets).max(initial=0)) + 1
-    return shift, _read_only(buckets), (widest - 1).bit_length()
+    return shift, frozen(buckets), (widest - 1).bit_length()
 
 
-def _local_starts(boundaries: np.ndarray, base: int, length: int) -> np.ndarray:
-    """Document starts strictly inside the shard at ``base``, local to it (sorted int64)."""
-    low, high = np.searchsorted(boundaries, [base, base + length], side="right")
-    return np.ascontiguousarray(boundaries[low:high] - base)
-
-
-def _document_buckets(starts: np.ndarray, length: int) -> tuple[int, np.ndarray]:
+def document_buckets(starts: np.ndarray, length: int) -> tuple[int, np.ndarray]:
     """``(shift, how many of the sorted ``starts`` are <= k << shift, for each k)``.
 
     Buckets about as wide as the mean gap between starts, so that the document kernel finds
@@ -340,4 +332,4 @@ def _document_buckets(starts: np.ndarray, length: int) -> tuple[int, np.ndarray]
     """
     shift = max(0, (length // max(1, starts.shape[0])).bit_length() - 1)
     firsts = np.arange((max(0, length - 1) >> shift) + 2, dtype=np.int64) << shift
-    return shift, _read_only(np.searchsorted(starts, firsts, side="right").astype(np.int64))
+    return shift, frozen(np.searchsorted(starts, firsts, side="right").astype(np.int64))

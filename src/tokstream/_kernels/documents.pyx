@@ -1,15 +1,16 @@
 """The document kernel: windows gathered with where documents start inside each.
 
-:func:`gather_documents` copies every window of a batch, then writes each row's position ids and
-loss mask, in one call. Nothing here validates or allocates; the Python side
-(``tokstream._gather``) proves every index in range.
+:func:`gather_documents` copies every window of a batch (from the addresses
+:func:`tokstream._kernels.gather.lookup_windows` found), then writes each row's position ids
+and loss mask, in one call; :func:`document_pieces` reads a batch's pieces back from its
+position ids. Nothing here validates or allocates; the Python side (``tokstream._space``)
+proves every index in range.
 """
 
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from tokstream._kernels.copy cimport copy_window, prefetch_window
-from tokstream._kernels.segments cimport find_segments
 from tokstream._kernels.types cimport token_t
 from libc.string cimport memcpy, memset
 
@@ -81,13 +82,13 @@ cdef inline void _ramp(int64_t *out, Py_ssize_t length) noexcept nogil:
 # Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
 @cython.embedsignature(False)
 def gather_documents(
-    const token_t[::1] tokens,
-    const int64_t[:] starts,
-    int64_t[:, ::1] windows,
+    const token_t[::1] anchor,
+    const uint64_t[::1] addresses,
+    const int64_t[::1] starts,
+    int64_t[:, ::1] input_ids,
     int64_t[::1] next_tokens,
     int64_t[:, ::1] targets,
-    const int64_t[:] rows,
-    Py_ssize_t prefetch,
+    Py_ssize_t cache_ahead,
     const int64_t[::1] document_starts,
     const int64_t[::1] document_buckets,
     int bucket_shift,
@@ -97,27 +98,25 @@ def gather_documents(
     uint8_t[:, ::1] label_continues,
     int64_t[:, ::1] window_scratch,
 ):
-    """gather_documents(const token_t[::1] tokens, const int64_t[:] starts, int64_t[:, ::1] windows, int64_t[::1] next_tokens, int64_t[:, ::1] targets, const int64_t[:] rows, Py_ssize_t prefetch, const int64_t[::1] document_starts, const int64_t[::1] document_buckets, int bucket_shift, int64_t eos, bint use_eos, int64_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, int64_t[:, ::1] window_scratch)
+    """gather_documents(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] starts, int64_t[:, ::1] input_ids, int64_t[::1] next_tokens, int64_t[:, ::1] targets, Py_ssize_t cache_ahead, const int64_t[::1] document_starts, const int64_t[::1] document_buckets, int bucket_shift, int64_t eos, bint use_eos, int64_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, int64_t[:, ::1] window_scratch)
 
-    :func:`tokstream._kernels.gather.gather_windows` (window ``i``, ``block`` tokens from ``starts[i]``,
-    into row ``rows[i]``, or ``i`` if ``rows`` is None; ``next_tokens`` or ``targets``; prefetch
-    ``prefetch`` windows ahead), then each row's position ids and whether each label belongs to
-    the same document as the token it is predicted from. Two loops: the copies run as in the
-    plain kernel, then the metadata is written row by row, the ``eos`` rule reading the copied
-    row; one loop interleaving them was slower (int64 block 128 / batch 512: 0.51 of the plain
-    stream's rate against 0.65-0.72, docs/documents.md).
+    :func:`tokstream._kernels.gather.gather_at` (row ``i`` from ``addresses[i]``, the address
+    of token ``starts[i]`` of the shards laid end to end; ``next_tokens`` or ``targets``;
+    ``cache_ahead`` windows prefetched ahead), then each row's position ids and whether each
+    label belongs to the same document as the token it is predicted from. Two loops: the
+    copies run as in the plain kernel, then the metadata is written row by row, the ``eos``
+    rule reading the copied row; one loop interleaving them was slower.
 
-    A token starts a document when its index is in ``document_starts`` (sorted, local to
-    ``tokens``, a start repeated for each empty document) or, with ``use_eos``, when the token
-    before it equals ``eos``. Row ``r`` gets ``position_ids[r, 0] = 0``, then 0 at every
-    document start and one more than the token before elsewhere. ``label_continues`` is
-    ``(b, block)`` for shifted targets (``[r, j]`` is 0 when token ``starts[i] + j + 1`` starts a
-    document) or ``(b, 1)`` for next tokens (``[r, 0]`` is 0 when token ``starts[i] + block``
-    does): the loss mask. Either may be None, and is then not written (what the batch did not
-    ask for costs nothing).
+    A token starts a document when its position is in ``document_starts`` (sorted, a start
+    repeated for each empty document) or, with ``use_eos``, when the token before it equals
+    ``eos``. Row ``r`` gets ``position_ids[r, 0] = 0``, then 0 at every document start and one
+    more than the token before elsewhere. ``label_continues`` is ``(b, block)`` for shifted
+    targets (``[r, j]`` is 0 when token ``starts[r] + j + 1`` starts a document) or ``(b, 1)``
+    for next tokens (``[r, 0]`` is 0 when token ``starts[r] + block`` does): the loss mask.
+    Either may be None, and is then not written (what the batch did not ask for costs nothing).
 
     ``document_buckets[k]`` counts the document starts ``<= k << bucket_shift`` (see
-    :func:`tokstream._gather._document_buckets`), so the first start after a window's is
+    :func:`tokstream._space.document_buckets`), so the first start after a window's is
     searched among the few of its bucket, not all of them. Those lookups come first, for every
     window, into ``window_scratch[i, 0]`` (scratch of at least ``len(starts)`` rows of 3):
     independent of each other, their cache misses overlap, where inside a loop each would stall
@@ -125,28 +124,29 @@ def gather_documents(
     ``window_scratch[i, 1:]``) while its tokens are in cache; for other dtypes the metadata loop
     searches the copied row.
 
-    The caller guarantees ``0 <= starts[i]`` and ``starts[i] + block < len(tokens)``; every row
-    below the buffers' first dimension; ``windows``, ``targets`` and ``position_ids`` of width
+    The caller guarantees that each address is token ``starts[i]``'s, whose window's ``block +
+    1`` tokens lie in a live token array (``lookup_windows`` checks it in the debug build);
+    buffers of ``len(starts)`` rows: ``input_ids``, ``targets`` and ``position_ids`` of width
     ``block``, ``label_continues`` of width ``block`` or 1; exactly one of ``next_tokens`` and
-    ``targets``; and ``document_buckets`` of ``((len(tokens) - 1) >> bucket_shift) + 2``
+    ``targets``; and ``document_buckets`` of ``(max(starts) >> bucket_shift) + 2`` or more
     nondecreasing counts.
     """
     cdef Py_ssize_t count = starts.shape[0]
-    cdef Py_ssize_t block = windows.shape[1]
+    cdef Py_ssize_t block = input_ids.shape[1]
     cdef Py_ssize_t num_documents = document_starts.shape[0]
     cdef bint shifted = targets is not None
-    cdef bint indirect = rows is not None
     cdef bint write_positions = position_ids is not None
     cdef bint write_mask = label_continues is not None
     cdef bint per_label = write_mask and label_continues.shape[1] == block
-    cdef Py_ssize_t i, row, next_document, piece, end, next_piece, limit, found
+    cdef Py_ssize_t i, next_document, piece, end, next_piece, limit, found
     cdef Py_ssize_t next_eos = 0, last_eos = -1
     # 16-bit tokens are searched for eos in the copy loop, compared in their own dtype (an eos
     # it cannot hold is left to the copied row's search, which finds nothing).
     cdef bint eos_in_copy = False
     if token_t is uint16_t or token_t is int16_t:
         eos_in_copy = use_eos and <int64_t><token_t>eos == eos
-    cdef int64_t start, checked = 0
+    cdef int64_t start
+    cdef const token_t *window
     cdef int64_t *out
     cdef uint8_t *continues
     with nogil:
@@ -160,38 +160,30 @@ def gather_documents(
                 start,
             )
         for i in range(count):
-            if prefetch > 0 and prefetch < count - i:
-                # A validated window start: its block + 1 tokens lie inside ``tokens``.
-                prefetch_window(&tokens[starts[i + prefetch]], block)
-            # Validated on the Python side: start + block < len(tokens), row < shape[0].
-            start = starts[i]
-            row = rows[i] if indirect else i
-            if TOKSTREAM_DEBUG:
-                checked += tokens[start + block]
-                checked += position_ids[row, block - 1] if write_positions else 0
-                checked += label_continues[row, 0] if write_mask else 0
+            if cache_ahead > 0 and cache_ahead < count - i:
+                # A looked-up window's address: its block + 1 tokens lie in a token array.
+                prefetch_window(<const token_t *><size_t>addresses[i + cache_ahead], block)
+            # Every window's block + 1 tokens lie in its segment (lookup_windows' guarantee).
+            window = <const token_t *><size_t>addresses[i]
             copy_window(
-                &tokens[start],
+                window,
                 block,
-                &windows[row, 0],
-                &targets[row, 0] if shifted else NULL,
-                NULL if shifted else &next_tokens[row],
+                &input_ids[i, 0],
+                &targets[i, 0] if shifted else NULL,
+                NULL if shifted else &next_tokens[i],
             )
             if eos_in_copy:
                 # The window's first and last eos column (block and block - 1: none).
-                found = tokstream_first_equal16(
-                    <const uint16_t *>&tokens[start], 0, block, <uint16_t>eos
-                )
+                found = tokstream_first_equal16(<const uint16_t *>window, 0, block, <uint16_t>eos)
                 window_scratch[i, 1] = found
                 window_scratch[i, 2] = tokstream_last_equal16(
-                    <const uint16_t *>&tokens[start], found, block, <uint16_t>eos
+                    <const uint16_t *>window, found, block, <uint16_t>eos
                 )
         for i in range(count):
             # The row's pieces, each a run of 0, 1, 2, ... ended by the first break after it.
             start = starts[i]
-            row = rows[i] if indirect else i
-            out = &position_ids[row, 0] if write_positions else NULL
-            continues = &label_continues[row, 0] if write_mask else NULL
+            out = &position_ids[i, 0] if write_positions else NULL
+            continues = &label_continues[i, 0] if write_mask else NULL
             next_document = window_scratch[i, 0]
             if eos_in_copy:
                 next_eos, last_eos = window_scratch[i, 1], window_scratch[i, 2]
@@ -212,7 +204,8 @@ def gather_documents(
                     if next_eos < piece:
                         next_eos = (
                             tokstream_first_equal16(
-                                <const uint16_t *>&tokens[start], piece, last_eos, <uint16_t>eos
+                                <const uint16_t *><size_t>addresses[i], piece, last_eos,
+                                <uint16_t>eos,
                             )
                             if piece <= last_eos else block
                         )
@@ -222,13 +215,13 @@ def gather_documents(
                     # Searched for in the copied row, still cached where the corpus' lines went
                     # by with the copies, up to where the recorded start breaks the row anyway.
                     limit = next_piece - 1 if next_piece <= block else block
-                    found = tokstream_first_equal64(&windows[row, 0], piece, limit, eos)
+                    found = tokstream_first_equal64(&input_ids[i, 0], piece, limit, eos)
                     if found < limit:
                         next_piece = found + 1
                 end = next_piece if next_piece < block else block
                 if TOKSTREAM_DEBUG and not piece < end <= block:
                     with gil:
-                        raise IndexError(f"piece [{piece}, {end}) of row {row} is not in it")
+                        raise IndexError(f"piece [{piece}, {end}) of row {i} is not in it")
                 if write_positions:
                     _ramp(out + piece, end - piece)
                 if per_label:
@@ -300,42 +293,3 @@ def document_pieces(const int64_t[:, ::1] position_ids, int32_t[::1] piece_start
                 j = first - 1
             found += count
     return found, longest
-
-
-def segment_token_starts(
-    const int64_t[:] windows_index,
-    const int64_t[::1] offsets,
-    const int64_t[::1] segment_starts,
-    int64_t stride,
-    const int64_t[::1] bucket_segments,
-    int shift,
-    int probes,
-    int64_t[::1] out,
-):
-    """segment_token_starts(const int64_t[:] windows_index, const int64_t[::1] offsets, const int64_t[::1] segment_starts, int64_t stride, const int64_t[::1] bucket_segments, int shift, int probes, int64_t[::1] out)
-
-    The first token of each window: window ``w`` of segment ``j`` (``offsets[j] <= w <
-    offsets[j + 1]``) starts at ``segment_starts[j] + (w - offsets[j]) * stride``.
-
-    ``bucket_segments[b]`` is the segment of window ``b << shift`` (and its last entry the last
-    segment), so window ``w`` lies in a segment from ``bucket_segments[w >> shift]`` to
-    ``bucket_segments[(w >> shift) + 1]``: a binary search over those few, not all of them, in
-    ``probes`` steps when no bucket spans more than ``2**probes`` segments.
-
-    The caller guarantees ``0 <= w < offsets[-1]`` for every window, ``len(segment_starts) ==
-    len(offsets) - 1 >= 1``, ``len(bucket_segments) == (offsets[-1] - 1 >> shift) + 2`` with
-    entries valid segments, and ``len(out) >= len(windows_index)``.
-    """
-    cdef Py_ssize_t count = windows_index.shape[0], i, low
-    cdef int64_t window
-    if count == 0:
-        return
-    with nogil:
-        find_segments(
-            <const char *>&windows_index[0], windows_index.strides[0], count, &offsets[0],
-            &bucket_segments[0], shift, probes, &out[0],
-        )
-        for i in range(count):
-            window = windows_index[i]
-            low = out[i]
-            out[i] = segment_starts[low] + (window - offsets[low]) * stride
