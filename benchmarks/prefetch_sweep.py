@@ -5,7 +5,7 @@
 For each shape of docs/benchmarks.md, both copy the same number of fresh random windows (about 2M
 tokens a round, new windows every round, one reused output buffer) at each distance of
 ``tokstream.bench.baselines.C_LOOP_DISTANCES``; the best round of each is printed in Mtok/s, with
-the distance ``tokstream._gather.prefetch_distance`` picks for the kernel. The sweep behind that
+the distance ``tokstream._space.cache_ahead`` picks for the kernel. The sweep behind that
 rule.
 """
 
@@ -17,8 +17,8 @@ import time
 import numpy as np
 
 from tokstream import bench
-from tokstream._gather import prefetch_distance
 from tokstream._kernels.gather import gather_windows
+from tokstream._space import cache_ahead
 from tokstream.bench._loop import copy_windows
 from tokstream.bench.baselines import C_LOOP_DISTANCES
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     for dtype in args.dtype.split(","):
         ids = bench.synthetic_corpus(args.tokens, dtype, 0)
         for block, batch_size in bench.SHAPES:
-            rule = prefetch_distance(block, ids.dtype)
+            rule = cache_ahead(block, ids.dtype)
             for name, rates in sweep(ids, block, batch_size, args.rounds).items():
                 print(
                     f"{dtype:6} {block:5} {batch_size:5} {name:7} {rule:4}  "

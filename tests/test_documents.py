@@ -23,9 +23,9 @@ from tests.oracle_documents import (
     materialized_orders,
 )
 from tokstream import Corpus, mix, open_tokens, reference, stream_token_source
-from tokstream._gather import WindowGather, document_buckets
 from tokstream._kernels import DEBUG_BUILD
 from tokstream._kernels.documents import document_pieces, gather_documents
+from tokstream._space import WindowSpace, document_buckets
 
 
 def test_from_documents_joins_the_documents_and_records_their_boundaries():
@@ -616,7 +616,7 @@ def test_window_starts_over_many_documents_match_a_searchsorted_oracle(seed):
     lengths = rng.integers(0, 60, rng.integers(1, 3000))
     corpus = Corpus.from_documents([np.zeros(n, np.uint8) for n in lengths])
     block, stride = int(rng.integers(1, 20)), int(rng.integers(1, 5))
-    gather = WindowGather(
+    gather = WindowSpace(
         corpus, block, stride=stride, document_boundaries=corpus.document_boundaries
     )
     room = lengths - block - 1

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import KERNEL_DTYPES
-from tokstream._gather import PREFETCH_BYTES, PREFETCH_MAX_WINDOWS, prefetch_distance
 from tokstream._kernels import DEBUG_BUILD, gather
+from tokstream._space import CACHE_AHEAD_BYTES, CACHE_AHEAD_MAX_WINDOWS, cache_ahead
 
 
 def test_loaded_kernel_is_the_compiled_extension():
@@ -188,31 +188,31 @@ def test_debug_build_catches_a_window_past_its_segment():
 
 
 @pytest.mark.parametrize("dtype", ["u2", "i8"])
-@pytest.mark.parametrize("cache_ahead", [0, 1, 3, 64, 2**62, -5])
-def test_software_prefetch_distance_never_changes_the_windows(dtype, cache_ahead):
+@pytest.mark.parametrize("ahead", [0, 1, 3, 64, 2**62, -5])
+def test_the_cache_ahead_distance_never_changes_the_windows(dtype, ahead):
     tokens = np.random.default_rng(0).integers(0, 1000, 500).astype(dtype)
     starts = np.random.default_rng(1).integers(0, 500 - 17, 50)
     windows = np.empty((50, 16), np.int64)
     next_tokens = np.empty(50, np.int64)
-    gather.gather_windows(tokens, starts, windows, next_tokens, None, cache_ahead)
+    gather.gather_windows(tokens, starts, windows, next_tokens, None, ahead)
     want = np.stack([tokens[s : s + 16] for s in starts]).astype(np.int64)
     np.testing.assert_array_equal(windows, want)
     np.testing.assert_array_equal(next_tokens, tokens[starts + 16])
 
 
 @pytest.mark.parametrize("dtype", ["int64", "uint16", "uint8", "int32"])
-def test_prefetch_distance_keeps_about_2_kib_ahead_and_skips_long_windows(dtype):
+def test_cache_ahead_keeps_about_2_kib_ahead_and_skips_long_windows(dtype):
     dtype = np.dtype(dtype)
     for block in [1, 8, 64, 128, 1024, 4096, 2**40]:
-        distance = prefetch_distance(block, dtype)
+        distance = cache_ahead(block, dtype)
         window_bytes = (block + 1) * dtype.itemsize
-        assert 0 <= distance <= PREFETCH_MAX_WINDOWS
+        assert 0 <= distance <= CACHE_AHEAD_MAX_WINDOWS
         if distance:
-            assert distance == 1 or distance * window_bytes <= PREFETCH_BYTES
-    assert prefetch_distance(8, np.dtype("int64")) == 28
-    assert prefetch_distance(128, np.dtype("uint16")) == 7
-    assert prefetch_distance(1024, np.dtype("uint16")) == 1
-    assert prefetch_distance(128, np.dtype("int64")) == 0
+            assert distance == 1 or distance * window_bytes <= CACHE_AHEAD_BYTES
+    assert cache_ahead(8, np.dtype("int64")) == 28
+    assert cache_ahead(128, np.dtype("uint16")) == 7
+    assert cache_ahead(1024, np.dtype("uint16")) == 1
+    assert cache_ahead(128, np.dtype("int64")) == 0
 
 
 PORTABLE_H = Path(__file__).resolve().parents[1] / "src" / "tokstream" / "_kernels" / "portable.h"

@@ -26,9 +26,9 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from tokstream._gather import WindowGather
 from tokstream._kernels.documents import document_pieces
 from tokstream._options import StreamOptions
+from tokstream._space import WindowSpace
 
 #: A batch: ``(windows, targets)``, or with extras a dict of arrays (and ``"max_seqlen"``, an
 #: int, beside ``"cu_seqlens"``).
@@ -124,7 +124,7 @@ def rows_of(buffers: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]
     return {name: buffer[:count] for name, buffer in buffers.items()}
 
 
-def fill(gather: WindowGather, windows_index: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
+def fill(gather: WindowSpace, windows_index: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
     """Have the kernels copy windows ``windows_index`` (and their positions) into ``buffers``.
 
     The order's own extras (a mixture's ``"source"``) are the order's to fill.

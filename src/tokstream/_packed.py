@@ -1,6 +1,6 @@
 """A packed stream's samples through the stream's interfaces: its window space and its order.
 
-:class:`PackedSpace` stands where :class:`tokstream._gather.WindowGather` stands for windows: it
+:class:`PackedSpace` stands where :class:`tokstream._space.WindowSpace` stands for windows: it
 numbers the samples (``num_windows`` rows per epoch) and fills a batch's buffers, here through
 :func:`tokstream._kernels.pack.fill_packed`. :class:`PackedOrder` is the window order over row
 positions, so ranks, ``drop_last``, the epoch tail, the state dict and elastic resume are the

@@ -4,7 +4,7 @@ A shuffled stream over a memory-mapped corpus that is not in the page cache wait
 fault at a time, so it reads at a fraction of what the device serves with many reads in flight.
 A :class:`ReadAhead` works out the window indices of the next batches early (they depend only on
 their cursor) and asks the OS to start reading them (``madvise(MADV_WILLNEED)`` through
-:meth:`tokstream._gather.WindowGather.advise`), keeping about :data:`WINDOWS_AHEAD` windows,
+:meth:`tokstream._space.WindowSpace.advise`), keeping about :data:`WINDOWS_AHEAD` windows,
 and at least one batch, in flight ahead of the batch being copied. Each batch's indices are
 computed once: the batch takes them from the read-ahead when its turn comes.
 
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from tokstream._gather import WindowGather
     from tokstream._order import WindowOrder
+    from tokstream._space import WindowSpace
     from tokstream._state import Cursor
 
 #: Windows whose reads are kept in flight ahead of the batch being copied (at least one batch):
@@ -48,7 +48,7 @@ class ReadAhead:
     jumps (a loaded state), so that no batch is taken from a stale look-ahead.
     """
 
-    def __init__(self, order: WindowOrder, gather: WindowGather, batch_size: int) -> None:
+    def __init__(self, order: WindowOrder, gather: WindowSpace, batch_size: int) -> None:
         self._order = order
         self._gather = gather
         #: Batches advised ahead of the one being copied.

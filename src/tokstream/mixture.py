@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from tokstream._gather import WindowGather
 from tokstream._options import StreamOptions
 from tokstream._order import FEISTEL_ROUNDS, WindowOrder, implicit_domain
 from tokstream._schedule import MixtureWindows
+from tokstream._space import WindowSpace
 from tokstream._state import Cursor
 from tokstream._validate import INT64_MAX
 from tokstream.corpus import Corpus, _read_only
@@ -211,7 +211,7 @@ class MixtureOrder(WindowOrder):
     source's round keys and last epoch).
     """
 
-    def __init__(self, mixture: Mixture, gather: WindowGather, options: StreamOptions) -> None:
+    def __init__(self, mixture: Mixture, gather: WindowSpace, options: StreamOptions) -> None:
         # A source's first window is the first of the first segment starting in the source.
         segment_starts = gather.token_starts(gather.offsets[:-1])
         source_tokens = np.cumsum([0] + [c.num_tokens for c in mixture.sources.values()])

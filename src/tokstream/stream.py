@@ -20,13 +20,13 @@ import numpy as np
 
 from tokstream import _batch, _state, _validate
 from tokstream._batch import Batch
-from tokstream._gather import window_space
 from tokstream._kernels import advice
 from tokstream._options import StreamOptions, expose_options, stream_signature
 from tokstream._order import WindowOrder
 from tokstream._packed import PackedOrder, PackedSpace
 from tokstream._prefetch import Prefetcher
 from tokstream._readahead import ReadAhead
+from tokstream._space import window_space
 from tokstream._state import Cursor
 from tokstream.corpus import Corpus
 from tokstream.mixture import Mixture, MixtureOrder

@@ -1,9 +1,10 @@
-"""The window index space of a corpus, and the kernel calls that copy its windows.
+"""The window index space of a corpus: segments, their buckets, each window's first token.
 
-For one ``block``, ``stride`` and window policy, :class:`WindowGather` numbers the corpus'
-windows (O(segments) memory: shards, or documents for ``windows="within"``) and fills a batch's
-buffers for a list of window indices in one kernel call (one per shard touched when the
-document extras are asked for).
+For one ``block``, ``stride`` and window policy, :class:`WindowSpace` numbers the corpus'
+windows (O(segments) memory: shards, or documents for ``windows="within"``), finds where each
+lies (its segment, its first token and that token's address, by the lookup kernel) and fills
+a batch's buffers for a list of window indices: a lookup and one copy, whatever shards the
+windows lie in (a window of a single segment needs no lookup).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from tokstream.corpus import (
     windows_per_segment,
 )
 
-#: The kernel prefetches about this many bytes of window data ahead of the window it copies,
-#: and at most this many windows ahead (see :func:`prefetch_distance`).
-PREFETCH_BYTES = 2048
-PREFETCH_MAX_WINDOWS = 32
+#: The kernel requests about this many bytes of window data into the cache ahead of the window
+#: it copies, and at most this many windows ahead (see :func:`cache_ahead`).
+CACHE_AHEAD_BYTES = 2048
+CACHE_AHEAD_MAX_WINDOWS = 32
 
 #: Windows are bucketed into at least this many buckets (when there are as many windows), so
 #: that with a few segments almost every bucket lies inside one: the segment lookup then takes
@@ -36,12 +37,13 @@ PREFETCH_MAX_WINDOWS = 32
 MIN_SEGMENT_BUCKETS = 1024
 
 
-def prefetch_distance(block: int, dtype: np.dtype) -> int:
-    """How many windows ahead of the one it copies the kernel prefetches, for a random order.
+def cache_ahead(block: int, dtype: np.dtype) -> int:
+    """How many windows ahead of the one it copies the kernel requests into the cache (a
+    software prefetch), for a random order.
 
     Found by sweeping distances 0-64 over block 8-3072, int64 and uint16 corpora in and beyond
     the last-level cache (``benchmarks/prefetch_sweep.py``): the best distance keeps about
-    ``PREFETCH_BYTES`` (32 cache lines) of window data in flight, e.g. 28 windows of 8 int64
+    ``CACHE_AHEAD_BYTES`` (32 cache lines) of window data in flight, e.g. 28 windows of 8 int64
     tokens, 7 of 128 uint16 tokens, one of 1024 uint16 tokens. Longer windows are better off
     without: the hardware prefetcher streams each after its first lines, and the extra
     instructions cost up to 3x. int64 windows are copied by ``memcpy``, which keeps enough loads
@@ -52,10 +54,10 @@ def prefetch_distance(block: int, dtype: np.dtype) -> int:
     largest = 3 * 64 if dtype == np.int64 else 33 * 64
     if window_bytes > largest:
         return 0
-    return max(1, min(PREFETCH_MAX_WINDOWS, PREFETCH_BYTES // window_bytes))
+    return max(1, min(CACHE_AHEAD_MAX_WINDOWS, CACHE_AHEAD_BYTES // window_bytes))
 
 
-class WindowGather:
+class WindowSpace:
     """The window index space of a corpus for one ``block``, ``stride`` and window policy.
 
     Windows start every ``stride`` tokens from the start of each segment, while ``start + block``
@@ -64,8 +66,9 @@ class WindowGather:
     (``windows="within"``). Global index ``w`` is window ``w - offsets[j]`` of the segment ``j``
     it falls in; only segments that hold a window are kept, so the space costs O(segments).
     Every index handed to :meth:`__call__` must lie in ``[0, num_windows)``; the stream
-    guarantees it. ``prefetch`` says whether the kernel should prefetch windows ahead: worth it
-    for a random order, wasted instructions for consecutive windows.
+    guarantees it. ``random_order`` says whether the kernel should request windows into the
+    cache ahead of the copy: worth it for a random order, wasted instructions for consecutive
+    windows.
 
     With ``documents`` the gather also fills the rows' position ids and whether each label
     continues its document, from the corpus' recorded documents and, given ``eos``, from the
@@ -76,7 +79,7 @@ class WindowGather:
         self,
         corpus: Corpus,
         block: int,
-        prefetch: bool = True,
+        random_order: bool = True,
         *,
         stride: int = 1,
         document_boundaries: np.ndarray | None = None,
@@ -84,9 +87,9 @@ class WindowGather:
     ) -> None:
         self.corpus = corpus
         self.block = block
-        self.prefetch = prefetch
-        # Windows ahead the kernel prefetches (0: none).
-        self._prefetch = prefetch_distance(block, corpus.dtype) if prefetch else 0
+        self.random_order = random_order
+        # Windows whose cache lines the kernel requests ahead of the copy (0: none).
+        self._cache_ahead = cache_ahead(block, corpus.dtype) if random_order else 0
         # Private copies: the kernel's bounds come only from what was validated here.
         self._shards = corpus.shards
         self._shard_starts = corpus.shard_starts.copy()
@@ -218,7 +221,7 @@ class WindowGather:
                 windows,
                 next_tokens,
                 targets,
-                self._prefetch,
+                self._cache_ahead,
                 self._stride,
                 self._one_segment_base,
             )
@@ -229,7 +232,7 @@ class WindowGather:
         starts = self._lookup(windows_index, addresses)
         if position_ids is None and label_continues is None:
             self._kernel_at(
-                self._shards[0], addresses, windows, next_tokens, targets, self._prefetch
+                self._shards[0], addresses, windows, next_tokens, targets, self._cache_ahead
             )
             return
         self._documents(
@@ -239,7 +242,7 @@ class WindowGather:
             windows,
             next_tokens,
             targets,
-            self._prefetch,
+            self._cache_ahead,
             self._document_starts,
             self._document_buckets,
             self._document_shift,
@@ -282,7 +285,7 @@ class WindowGather:
             yield shard, group, starts[group] - self._shard_starts[shard]
 
 
-def window_space(corpus: Corpus, options: StreamOptions) -> WindowGather:
+def window_space(corpus: Corpus, options: StreamOptions) -> WindowSpace:
     """The corpus' windows for ``options`` (``eos`` checked against the corpus dtype):
     stride, window policy and document boundaries."""
     boundaries = None
@@ -294,10 +297,10 @@ def window_space(corpus: Corpus, options: StreamOptions) -> WindowGather:
         )
     if options.eos is not None:
         corpus.check_eos(options.eos)
-    return WindowGather(
+    return WindowSpace(
         corpus,
         options.block,
-        prefetch=options.shuffle,
+        random_order=options.shuffle,
         stride=options.stride,
         document_boundaries=boundaries,
         eos=options.eos,
