@@ -168,7 +168,7 @@ class MixtureWindows:
     @property
     def period_length(self) -> int:
         """Samples in the table of one period (0: the schedule walks the tree)."""
-        return self._period.shape[0]
+        return int(self._period.shape[0])
 
     def schedule(self, first: int, step: int, count: int) -> np.ndarray:
         """``(count, 2)`` int64: ``(source, local index)`` of samples ``first + step * i``, by
