@@ -48,6 +48,17 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="most tokens in a shard (default 100,000,000); documents are never split",
     )
     tokenize.add_argument("--workers", type=positive, default=1, help="encoding processes")
+    tokenize.add_argument(
+        "--engine",
+        default="local",
+        help="where batches are encoded: local (processes) or ray (actors); the same output",
+    )
+    tokenize.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="the Ray cluster for --engine ray (default: a local Ray started for the job)",
+    )
     tokenize.add_argument("--text-field", default="text", help="JSON field or Parquet column")
     tokenize.add_argument(
         "--document-per-file",
@@ -82,6 +93,8 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         document_per_file=args.document_per_file,
         dtype=args.dtype,
         overwrite=args.overwrite,
+        engine=args.engine,
+        ray_address=args.ray_address,
         progress=lambda message, final: progress.update(message, final=final),
     )
     progress.done()

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
-import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tokstream import _validate, files
 from tokstream.formats.writer import STREAMED
-from tokstream.tokenize.encoders import Encoder, encode_batch, start_worker
+from tokstream.tokenize import engines
+from tokstream.tokenize.encoders import Encoder
 from tokstream.tokenize.inputs import expand_inputs, read_documents
 from tokstream.tokenize.output import Output
 from tokstream.tokenize.progress import Meter
@@ -71,6 +68,8 @@ def tokenize_files(
     document_per_file: bool = False,
     dtype: Any = None,
     overwrite: bool = False,
+    engine: str = "local",
+    ray_address: str | None = None,
     progress: Progress | None = None,
 ) -> Result:
     """Tokenize ``inputs`` into shards in the directory ``output``; see :mod:`tokstream.tokenize`.
@@ -102,6 +101,12 @@ def tokenize_files(
     overwrite
         Replace the output of another tokenization in ``output`` (only a tokenize output: a
         directory holding other files is refused all the same).
+    engine
+        Where batches are encoded: ``"local"`` (this process, or ``workers`` spawned
+        processes) or ``"ray"`` (``workers`` Ray actors); see :mod:`tokstream.tokenize.engines`.
+        The output does not depend on it.
+    ray_address
+        The Ray cluster to run on (``engine="ray"``); None starts a local Ray for the job.
     progress
         Called after each batch with a one-line status (share of the input, documents, tokens,
         shards, rate, ETA) and whether it is a milestone: one at least every
@@ -112,15 +117,19 @@ def tokenize_files(
     ValueError
         A bad input (named with its line), an unknown tokenizer or eos, an output directory
         that holds other files or another job's shards (unless ``overwrite``) or that another
-        run is writing, a document longer than llm.c can count.
+        run is writing, a document longer than llm.c can count, an unknown engine or an
+        unreachable ``ray_address`` (nothing is written then).
     ImportError
-        ``tokenizers``, ``tiktoken`` or ``pyarrow`` (for Parquet) missing where needed.
+        ``tokenizers``, ``tiktoken``, ``pyarrow`` (for Parquet) or ``ray`` missing where needed.
     """
     _validate.choice(format, "format", FORMATS)
     shard_tokens = _validate.positive_int(shard_tokens, "shard_tokens")
     workers = _validate.positive_int(workers, "workers")
     if not isinstance(overwrite, bool):
         raise TypeError(f"overwrite must be a bool, got {type(overwrite).__name__}")
+    _validate.choice(engine, "engine", engines.ENGINES)
+    if ray_address is not None and not isinstance(ray_address, str):
+        raise TypeError(f"ray_address must be a str or None, got {type(ray_address).__name__}")
     paths = expand_inputs(inputs)
     encoder = Encoder(tokenizer)
     eos_id = encoder.eos_id(eos)
@@ -139,23 +148,21 @@ def tokenize_files(
         "text_field": text_field,
         "document_per_file": document_per_file,
     }
-    out = Output.claim(output, job, overwrite)
-    try:
+    with contextlib.ExitStack() as stack:
+        # The engine first: one that cannot start leaves the output untouched.
+        encode = engines.start(stack, engine, tokenizer, encoder, workers, eos_id, ray_address)
+        out = Output.claim(output, job, overwrite)
+        stack.callback(out.release)
         if not out.complete:
-            _run(out, paths, tokenizer, encoder, eos_id, shard_tokens, workers, job, progress)
+            _run(out, paths, encode, shard_tokens, job, progress)
         return _result(out)
-    finally:
-        out.release()
 
 
 def _run(
     out: Output,
     paths: list[Path],
-    tokenizer: str,
-    encoder: Encoder,
-    eos_id: int | None,
+    encode: Callable[[engines.Batches], engines.Encoded],
     shard_tokens: int,
-    workers: int,
     job: dict[str, Any],
     progress: Progress | None,
 ) -> None:
@@ -163,25 +170,17 @@ def _run(
     before = [sum(sizes[:i]) for i in range(len(paths))]
     meter = Meter(progress, sum(sizes))
     try:
-        with contextlib.ExitStack() as stack:
-            batches = _batches(paths, job["text_field"], job["document_per_file"], out.position)
-            if workers == 1:
-                encoded = (
-                    (encode_batch(texts, eos_id, encoder), end, read)
-                    for texts, end, read in batches
-                )
-            else:
-                encoded = _in_workers(stack, tokenizer, workers, batches, eos_id)
-            end = out.position
-            for (flat, lengths), end, read in encoded:
-                shards_before = len(out.manifest["shards"])
-                out.add(flat, lengths, end, shard_tokens)
-                out.checkpoint(end)
-                shards = len(out.manifest["shards"])
-                meter.update(
-                    before[end[0]] + read, out.documents, out.tokens, shards, shards > shards_before
-                )
-            out.finish(end)
+        batches = _batches(paths, job["text_field"], job["document_per_file"], out.position)
+        end = out.position
+        for (flat, lengths), end, read in encode(batches):
+            shards_before = len(out.manifest["shards"])
+            out.add(flat, lengths, end, shard_tokens)
+            out.checkpoint(end)
+            shards = len(out.manifest["shards"])
+            meter.update(
+                before[end[0]] + read, out.documents, out.tokens, shards, shards > shards_before
+            )
+        out.finish(end)
     except Exception as error:
         out.fail(error)
         raise
@@ -234,29 +233,3 @@ def _batches(
         if texts:
             yield texts, [index, number], read
             texts, chars = [], 0
-
-
-def _in_workers(
-    stack: contextlib.ExitStack,
-    spec: str,
-    workers: int,
-    batches: Iterator[tuple[list[str], list[int], int]],
-    eos: int | None,
-) -> Iterator[tuple[tuple[np.ndarray, np.ndarray], list[int], int]]:
-    """Encode batches in ``workers`` processes, at most two each in flight, in input order."""
-    pool = stack.enter_context(
-        concurrent.futures.ProcessPoolExecutor(
-            workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=start_worker,
-            initargs=(spec,),
-        )
-    )
-    pending: list[tuple[concurrent.futures.Future, list[int], int]] = []
-    for texts, end, read in batches:
-        pending.append((pool.submit(encode_batch, texts, eos), end, read))
-        if len(pending) >= 2 * workers:
-            future, end, read = pending.pop(0)
-            yield future.result(), end, read
-    for future, end, read in pending:
-        yield future.result(), end, read
