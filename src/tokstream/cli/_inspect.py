@@ -13,6 +13,7 @@ import numpy as np
 
 from tokstream import _progress, _validate, files
 from tokstream.bench.report import markdown_table
+from tokstream.cli import _inspect_step
 from tokstream.cli._common import PROG, dtype_name, positive
 from tokstream.formats import megatron
 
@@ -227,6 +228,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     inspect.add_argument("--column", default="input_ids", help="Arrow column of token lists")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _inspect_step.add_arguments(inspect)
     inspect.set_defaults(handler=run, command_parser=inspect)
 
 
@@ -236,6 +238,8 @@ def _expand(arguments: Sequence[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    if args.step is not None:
+        return _inspect_step.run(args, _expand(args.files), stdout)
     progress = _progress.Progress(None if args.quiet else stderr)
     summaries = [
         summarize(path, args.block, args.dtype, args.format, progress, args.column, args.eos)
