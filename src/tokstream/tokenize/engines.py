@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from tokstream._extras import install_hint
 from tokstream.tokenize.encoders import Encoder, encode_batch, start_worker
 
 ENGINES = ("local", "ray")
@@ -72,7 +73,9 @@ def start(
     )
 
 
-def _in_order(submit: Callable[[list[str]], Callable[[], Any]], batches: Batches, limit: int):
+def _in_order(
+    submit: Callable[[list[str]], Callable[[], Any]], batches: Batches, limit: int
+) -> Iterator[tuple[Any, list[int], int]]:
     """Each batch's result in input order, with at most ``limit`` batches in flight."""
     pending: collections.deque[tuple[Callable[[], Any], list[int], int]] = collections.deque()
     for texts, end, read in batches:
@@ -91,9 +94,7 @@ def _ray_submitter(
     try:
         import ray
     except ImportError:
-        raise ImportError(
-            "engine='ray' needs Ray: pip install 'tokstream[ray]' (or '.[ray]' from a clone)"
-        ) from None
+        raise ImportError(f"engine='ray' needs Ray: {install_hint('ray')}") from None
     if address is not None:
         _check_reachable(address)
     if not ray.is_initialized():  # a Ray the caller started is used as it is, and left running
@@ -120,7 +121,8 @@ def _ray_submitter(
         def encode(self, texts: list[str], eos: int | None) -> tuple[np.ndarray, np.ndarray]:
             return encode_batch(texts, eos)
 
-    actors = [EncodeWorker.remote(spec) for _ in range(workers)]
+    remote: Any = EncodeWorker  # ray.remote made it an actor class (with .remote)
+    actors = [remote.remote(spec) for _ in range(workers)]
     stack.callback(lambda: [ray.kill(actor) for actor in actors])
     turn = iter(range(1 << 62))
 
