@@ -56,6 +56,9 @@ GROUP_ROWS = 1024
 #: of millions).
 MAX_GROUP_DOCUMENTS = 1 << 16
 
+#: The row counts of the groups are found this many documents at a time (the scratch memory).
+CHUNK_DOCUMENTS = 1 << 20
+
 #: Shuffled epochs sort short pieces by length in quanta this wide, in a new order within each:
 #: wide enough to change most rows from epoch to epoch, narrow enough that best fit still fits
 #: the canonical row count plus one spare (a simulation over lognormal documents: never more).
@@ -105,7 +108,6 @@ def best_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
         rows,
         np.full(capacity + 1, -1, np.int64),
         np.zeros(capacity // 64 + 1, np.uint64),
-        np.empty(count, np.int64),
         np.empty(count, np.int64),
     )
     return rows
@@ -179,8 +181,12 @@ class Packing:
         self.group_documents = max(1, min(group_documents, max(1, self.num_documents)))
         self.num_groups = -(-self.num_documents // self.group_documents)
         counts = np.empty(self.num_groups, np.int64)
-        for group in range(self.num_groups):
-            counts[group] = self._row_count(group)
+        # Groups of about CHUNK_DOCUMENTS documents at a time: O(chunk) scratch, whatever the
+        # corpus.
+        per_chunk = max(1, CHUNK_DOCUMENTS // self.group_documents)
+        for first in range(0, self.num_groups, per_chunk):
+            last = min(first + per_chunk, self.num_groups)
+            counts[first:last] = self._row_counts(first, last)
         self.group_rows = counts
         self.group_offsets = np.zeros(self.num_groups + 1, np.int64)
         np.cumsum(counts, out=self.group_offsets[1:])
@@ -211,12 +217,32 @@ class Packing:
         items = items[np.argsort(-short[items], kind="stable")]
         return items, best_fit(short[items], self.block + 1)
 
-    def _row_count(self, group: int) -> int:
-        _, full, short, _ = self._pieces(group)
-        items, rows = self._canonical(short)
-        packed = int(rows.max(initial=-1)) + 1
-        spare = 1 if self.shuffle and items.shape[0] > packed else 0
-        return int(full.sum()) + packed + spare
+    def _row_counts(self, first: int, last: int) -> np.ndarray:
+        """Groups ``first .. last - 1``'s row counts (see the module docstring)."""
+        start = first * self.group_documents
+        count = min(last * self.group_documents, self.num_documents) - start
+        if self.shuffle:
+            documents = permuted(self.num_documents, self.seed, 0, _DOCUMENT_ORDER, start, count)
+        else:
+            documents = np.arange(start, start + count, dtype=np.int64)
+        groups = last - first
+        packed, items, fulls = (np.empty(groups, np.int64) for _ in range(3))
+        capacity = self.block + 1
+        _pack.canonical_rows(
+            self.boundaries,
+            documents,
+            self.group_documents,
+            self.block,
+            packed,
+            items,
+            fulls,
+            np.zeros(capacity + 1, np.int64),
+            np.full(capacity + 1, -1, np.int64),
+            np.zeros(capacity // 64 + 1, np.uint64),
+            np.empty(self.group_documents, np.int64),
+        )
+        spare = (items > packed) if self.shuffle else 0
+        return fulls + packed + spare
 
     def group(self, group: int, epoch: int) -> PackedGroup:
         """Group ``group``'s rows in ``epoch`` (cached: the last group asked for)."""

@@ -10,8 +10,20 @@ def best_fit(
     stack_heads: npt.NDArray[np.int64],  # int64_t[::1]
     nonempty: npt.NDArray[np.uint64],  # uint64_t[::1]
     stack_next: npt.NDArray[np.int64],  # int64_t[::1]
-    free_of_row: npt.NDArray[np.int64],  # int64_t[::1]
 ) -> int: ...
+def canonical_rows(
+    boundaries: npt.NDArray[np.int64],  # const int64_t[::1]
+    documents: npt.NDArray[np.int64],  # const int64_t[::1]
+    group_documents: int,  # int64_t
+    block: int,  # int64_t
+    rows: npt.NDArray[np.int64],  # int64_t[::1]
+    items: npt.NDArray[np.int64],  # int64_t[::1]
+    fulls: npt.NDArray[np.int64],  # int64_t[::1]
+    counts: npt.NDArray[np.int64],  # int64_t[::1]
+    stack_heads: npt.NDArray[np.int64],  # int64_t[::1]
+    nonempty: npt.NDArray[np.uint64],  # uint64_t[::1]
+    stack_next: npt.NDArray[np.int64],  # int64_t[::1]
+) -> None: ...
 def fill_packed(
     anchor: npt.NDArray[np.integer],  # const token_t[::1]
     addresses: npt.NDArray[np.uint64],  # const uint64_t[::1]

@@ -26,6 +26,64 @@ cdef extern from *:
 
 # ---------------------------------------------------------------------------------------------
 # Best fit
+#
+# Rows with room are kept on one stack per free count (stack_heads[f], linked through
+# stack_next; -1 ends a stack), and nonempty has bit f set while stack f holds a row, so the
+# tightest row an item fits is the first set bit at or above its length: a few word reads,
+# whatever the number of rows. Every caller hands in stack_heads of capacity + 1 entries all -1,
+# nonempty of capacity // 64 + 1 zero words, stack_next of one entry per item.
+
+
+cdef inline int64_t _place(
+    int64_t length,
+    int64_t capacity,
+    int64_t *opened,
+    int64_t *stack_heads,
+    uint64_t *nonempty,
+    Py_ssize_t words,
+    int64_t *stack_next,
+) noexcept nogil:
+    # The row an item of 1 <= length <= capacity goes to; opens one when none has room.
+    cdef Py_ssize_t word = length >> 6
+    cdef uint64_t bits = nonempty[word] & (~<uint64_t>0 << (length & 63))
+    cdef int64_t free, row, left
+    while bits == 0:
+        word += 1
+        if word == words:
+            break
+        bits = nonempty[word]
+    if bits == 0:
+        row = opened[0]
+        opened[0] += 1
+        left = capacity - length
+    else:
+        free = (<int64_t>word << 6) + tokstream_lowest_bit(bits)
+        row = stack_heads[free]
+        stack_heads[free] = stack_next[row]
+        if stack_heads[free] < 0:
+            nonempty[free >> 6] &= ~(<uint64_t>1 << (free & 63))
+        left = free - length
+    if left > 0:
+        # left <= capacity: inside stack_heads; row < opened <= items: inside stack_next.
+        stack_next[row] = stack_heads[left]
+        stack_heads[left] = row
+        nonempty[left >> 6] |= <uint64_t>1 << (left & 63)
+    return row
+
+
+cdef inline void _clear(
+    int64_t capacity, int64_t *stack_heads, uint64_t *nonempty, Py_ssize_t words
+) noexcept nogil:
+    # Every stack emptied again, for the next group.
+    cdef Py_ssize_t word, free
+    cdef uint64_t bits
+    for word in range(words):
+        bits = nonempty[word]
+        while bits:
+            free = (word << 6) + tokstream_lowest_bit(bits)
+            stack_heads[free] = -1
+            bits &= bits - 1
+        nonempty[word] = 0
 
 
 def best_fit(
@@ -35,53 +93,87 @@ def best_fit(
     int64_t[::1] stack_heads,
     uint64_t[::1] nonempty,
     int64_t[::1] stack_next,
-    int64_t[::1] free_of_row,
 ):
-    """best_fit(const int64_t[::1] lengths, int64_t capacity, int64_t[::1] rows, int64_t[::1] stack_heads, uint64_t[::1] nonempty, int64_t[::1] stack_next, int64_t[::1] free_of_row) -> int
+    """best_fit(const int64_t[::1] lengths, int64_t capacity, int64_t[::1] rows, int64_t[::1] stack_heads, uint64_t[::1] nonempty, int64_t[::1] stack_next) -> int
 
     :func:`tokstream.packing.best_fit` into ``rows``; returns the number of rows opened.
 
-    Rows with room are kept on one stack per free count (``stack_heads[f]``, linked through
-    ``stack_next``; -1 ends a stack), and ``nonempty`` has bit ``f`` set while stack ``f``
-    holds a row, so the tightest row an item fits is the first set bit at or above its length:
-    a few word reads, whatever the number of rows. The caller guarantees ``1 <= lengths[i] <=
-    capacity``, ``stack_heads`` of ``capacity + 1`` entries all -1 and ``nonempty`` of
-    ``capacity // 64 + 1`` zero words, ``stack_next`` and ``free_of_row`` of at least
-    ``len(lengths)`` entries, ``rows`` of ``len(lengths)``.
+    The caller guarantees ``1 <= lengths[i] <= capacity``, ``rows`` and ``stack_next`` of
+    ``len(lengths)`` entries, and the stacks as the section comment says.
     """
-    cdef Py_ssize_t count = lengths.shape[0], words = nonempty.shape[0], i, word
-    cdef int64_t opened = 0, length, free, row, left
-    cdef uint64_t bits
+    cdef Py_ssize_t i, count = lengths.shape[0], words = nonempty.shape[0]
+    cdef int64_t opened = 0
+    if count == 0:
+        return 0
     with nogil:
         for i in range(count):
-            length = lengths[i]
-            # The first nonempty stack at or above length (free counts <= capacity < 64 * words).
-            word = length >> 6
-            bits = nonempty[word] & (~<uint64_t>0 << (length & 63))
-            while bits == 0:
-                word += 1
-                if word == words:
-                    break
-                bits = nonempty[word]
-            if bits == 0:
-                row = opened
-                opened += 1
-                left = capacity - length
-            else:
-                free = (<int64_t>word << 6) + tokstream_lowest_bit(bits)
-                row = stack_heads[free]
-                stack_heads[free] = stack_next[row]
-                if stack_heads[free] < 0:
-                    nonempty[free >> 6] &= ~(<uint64_t>1 << (free & 63))
-                left = free - length
-            rows[i] = row
-            free_of_row[row] = left
-            if left > 0:
-                # left < capacity + 1 entries of stack_heads; row < opened <= count.
-                stack_next[row] = stack_heads[left]
-                stack_heads[left] = row
-                nonempty[left >> 6] |= <uint64_t>1 << (left & 63)
+            rows[i] = _place(
+                lengths[i], capacity, &opened, &stack_heads[0], &nonempty[0], words,
+                &stack_next[0],
+            )
     return opened
+
+
+def canonical_rows(
+    const int64_t[::1] boundaries,
+    const int64_t[::1] documents,
+    int64_t group_documents,
+    int64_t block,
+    int64_t[::1] rows,
+    int64_t[::1] items,
+    int64_t[::1] fulls,
+    int64_t[::1] counts,
+    int64_t[::1] stack_heads,
+    uint64_t[::1] nonempty,
+    int64_t[::1] stack_next,
+):
+    """canonical_rows(const int64_t[::1] boundaries, const int64_t[::1] documents, int64_t group_documents, int64_t block, int64_t[::1] rows, int64_t[::1] items, int64_t[::1] fulls, int64_t[::1] counts, int64_t[::1] stack_heads, uint64_t[::1] nonempty, int64_t[::1] stack_next) -> None
+
+    For each run ``g`` of ``group_documents`` consecutive ``documents`` (the last may be
+    shorter; document ``d`` holds tokens ``boundaries[d] .. boundaries[d + 1] - 1``): its full
+    pieces into ``fulls[g]``, its short pieces into ``items[g]`` and the rows best fit
+    decreasing packs them into into ``rows[g]`` (capacity ``block + 1``;
+    :mod:`tokstream.packing` defines the pieces). Only the count matters, so the short pieces
+    are taken longest first by counting them (``counts``: ``block + 2`` zeros, left zero).
+
+    The caller guarantees ``0 <= documents[i] < len(boundaries) - 1``, ``boundaries``
+    nondecreasing, ``group_documents >= 1``, ``block >= 1``, ``rows``, ``items`` and ``fulls``
+    of one entry per run, ``stack_next`` of ``group_documents`` entries and the stacks as the
+    section comment says (capacity ``block + 1``).
+    """
+    cdef Py_ssize_t n = documents.shape[0], words = nonempty.shape[0], first, end, i, g = 0
+    cdef int64_t opened, length, placed, k, labels, full, capacity = block + 1
+    with nogil:
+        first = 0
+        while first < n:
+            end = min(first + group_documents, n)
+            placed = 0
+            full = 0
+            for i in range(first, end):
+                # documents[i] + 1 < len(boundaries).
+                labels = boundaries[documents[i] + 1] - boundaries[documents[i]] - 1
+                if labels > 0:
+                    full += labels // block
+                    # A short piece of labels % block + 1 <= block tokens: inside counts.
+                    if labels % block:
+                        counts[labels % block + 1] += 1
+            opened = 0
+            length = capacity
+            while length >= 2:
+                for k in range(counts[length]):
+                    _place(
+                        length, capacity, &opened, &stack_heads[0], &nonempty[0], words,
+                        &stack_next[0],
+                    )
+                placed += counts[length]
+                counts[length] = 0
+                length -= 1
+            _clear(capacity, &stack_heads[0], &nonempty[0], words)
+            rows[g] = opened
+            items[g] = placed
+            fulls[g] = full
+            g += 1
+            first = end
 
 
 # ---------------------------------------------------------------------------------------------
