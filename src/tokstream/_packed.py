@@ -49,6 +49,8 @@ class PackedSpace:
         self._shard_ends = self._shard_starts + corpus.lengths
         self._shard_addresses = np.array([s.ctypes.data for s in self._shards], np.uint64)
         self._kernel = fill_packed.__signatures__[f"{corpus.dtype.name}_t"]
+        # ((group, epoch), its checked table): the last group filled from.
+        self._cached: tuple[tuple[int, int], tuple[np.ndarray, ...]] | None = None
 
     def segments_sha256(self) -> str:
         """A hash of the documents packed and of the groups they are cut into."""
@@ -80,37 +82,60 @@ class PackedSpace:
         if not rows:
             return
         epoch, positions = np.divmod(windows_index, max(1, self.num_windows))
-        pieces = self.packing.rows(int(epoch[0]), positions)
-        starts, lengths = pieces.starts, pieces.lengths
-        # What the kernel reads: each piece inside one shard, each row at most block + 1 slots.
+        epoch = int(epoch[0])  # one batch, one epoch
+        order, offsets = self.packing.epoch_offsets(epoch)
+        # The order's positions rise through the batch, so each group's rows are a run.
+        slots = np.searchsorted(offsets, positions, side="right") - 1
+        runs = np.flatnonzero(slots[1:] != slots[:-1]) + 1
+        for first, end in zip([0, *runs.tolist()], [*runs.tolist(), rows], strict=True):
+            slot = int(slots[first])
+            row_offsets, addresses, lengths = self._table(int(order[slot]), epoch)
+            local = positions[first:end] - offsets[slot]
+            if local[0] < 0 or local[-1] >= row_offsets.shape[0] - 1:
+                raise RuntimeError("a packed sample outside its group: a packing bug")
+            self._kernel(
+                self._shards[0],
+                addresses,
+                lengths,
+                row_offsets,
+                local,
+                first,
+                self.pad,
+                windows,
+                targets,
+                label_continues,
+                position_ids,
+                document_ids,
+            )
+
+    def _table(self, group: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(row offsets, piece addresses, piece lengths)`` of a group's rows in streamed
+        order, checked once for the kernel: every piece inside one shard, every row within
+        ``block + 1`` slots (the last group asked for is kept)."""
+        if self._cached is not None and self._cached[0] == (group, epoch):
+            return self._cached[1]
+        table = self.packing.group_table(group, epoch)
+        starts, lengths = table.starts, table.lengths
         shard = np.searchsorted(self._shard_starts, starts, side="right") - 1
-        ends = starts + lengths
         before = np.zeros(lengths.shape[0] + 1, np.int64)
         np.cumsum(lengths, out=before[1:])
-        used = np.diff(before[pieces.row_offsets]) if pieces.row_offsets.shape[0] == rows + 1 else 0
+        used = np.diff(before[table.row_offsets])
         if (
-            pieces.row_offsets.shape[0] != rows + 1
-            or (lengths < 1).any()
+            (lengths < 1).any()
             or (shard < 0).any()
-            or (ends > self._shard_ends[shard]).any()
+            or (starts + lengths > self._shard_ends[shard]).any()
             or (used > self.block + 1).any()
+            or (np.diff(table.row_offsets) < 0).any()
         ):
             raise RuntimeError("packed rows outside the corpus or their row: a packing bug")
         local = (starts - self._shard_starts[shard]).astype(np.uint64)
         itemsize = np.uint64(self.corpus.dtype.itemsize)
         addresses = self._shard_addresses[shard] + local * itemsize
-        self._kernel(
-            self._shards[0],
-            addresses,
-            lengths,
-            pieces.row_offsets,
-            self.pad,
-            windows,
-            targets,
-            label_continues,
-            position_ids,
-            document_ids,
-        )
+        for array in (table.row_offsets, addresses, lengths):
+            array.flags.writeable = False
+        result = (table.row_offsets, addresses, lengths)
+        self._cached = ((group, epoch), result)
+        return result
 
     def token_starts(self, windows_index: np.ndarray) -> np.ndarray:
         """Each row's first token (its first piece's) in the shards laid end to end; -1 for a

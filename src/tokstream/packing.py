@@ -253,6 +253,16 @@ class Packing:
         self._packed = (group, epoch, packed)
         return packed
 
+    def group_table(self, group: int, epoch: int) -> RowPieces:
+        """Every row of group ``group`` in ``epoch``, in the order they are streamed."""
+        packed = self.group(group, epoch)
+        total = int(self.group_rows[group])
+        rows = packed.row_order if packed.row_order is not None else np.arange(total)
+        counts, starts, lengths = self._rows(packed, rows)
+        row_offsets = np.zeros(total + 1, np.int64)
+        np.cumsum(counts, out=row_offsets[1:])
+        return RowPieces(row_offsets, starts, lengths)
+
     def _pack(self, group: int, epoch: int) -> PackedGroup:
         starts, full, short, short_starts = self._pieces(group)
         full_offsets = np.zeros(full.shape[0] + 1, np.int64)

@@ -29,6 +29,8 @@ def fill_packed(
     addresses: npt.NDArray[np.uint64],  # const uint64_t[::1]
     lengths: npt.NDArray[np.int64],  # const int64_t[::1]
     row_offsets: npt.NDArray[np.int64],  # const int64_t[::1]
+    rows: npt.NDArray[np.int64],  # const int64_t[::1]
+    first_row: int,  # Py_ssize_t
     pad: int,  # int64_t
     input_ids: npt.NDArray[np.int64],  # int64_t[:, ::1]
     labels: npt.NDArray[np.int64],  # int64_t[:, ::1]

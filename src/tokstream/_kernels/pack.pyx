@@ -7,6 +7,8 @@ and address in range and hands in the scratch arrays.
 cimport cython
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 
+from libc.string cimport memcpy
+
 from tokstream._kernels.types cimport token_t
 
 cdef extern from *:
@@ -187,6 +189,8 @@ def fill_packed(
     const uint64_t[::1] addresses,
     const int64_t[::1] lengths,
     const int64_t[::1] row_offsets,
+    const int64_t[::1] rows,
+    Py_ssize_t first_row,
     int64_t pad,
     int64_t[:, ::1] input_ids,
     int64_t[:, ::1] labels,
@@ -194,10 +198,11 @@ def fill_packed(
     int64_t[:, ::1] position_ids,
     int32_t[:, ::1] document_ids,
 ):
-    """fill_packed(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] lengths, const int64_t[::1] row_offsets, int64_t pad, int64_t[:, ::1] input_ids, int64_t[:, ::1] labels, uint8_t[:, ::1] label_continues, int64_t[:, ::1] position_ids, int32_t[:, ::1] document_ids)
+    """fill_packed(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] lengths, const int64_t[::1] row_offsets, const int64_t[::1] rows, Py_ssize_t first_row, int64_t pad, int64_t[:, ::1] input_ids, int64_t[:, ::1] labels, uint8_t[:, ::1] label_continues, int64_t[:, ::1] position_ids, int32_t[:, ::1] document_ids)
 
-    Row ``r`` of the batch: pieces ``row_offsets[r] .. row_offsets[r + 1] - 1`` laid side by
-    side from slot 0 of ``block + 1`` slots, piece ``i`` the ``lengths[i]`` tokens of the
+    Row ``first_row + k`` of the batch is row ``t = rows[k]`` of the table: pieces
+    ``row_offsets[t] .. row_offsets[t + 1] - 1`` laid side by side from slot 0 of ``block + 1``
+    slots, piece ``i`` the ``lengths[i]`` tokens of the
     corpus dtype (``anchor``'s, which only picks the specialisation) from address
     ``addresses[i]``; the slots after them ``pad``. ``input_ids`` gets slots ``[0, block)``,
     ``labels`` slots ``[1, block + 1)``, ``label_continues`` 1 where the label continues the
@@ -207,35 +212,38 @@ def fill_packed(
     None, and are then not written.
 
     The caller guarantees: every address readable for its piece's length (a piece of a shard
-    the caller keeps alive), every length >= 1, each row's lengths summing to at most ``block
-    + 1``, ``row_offsets`` nondecreasing from 0 to ``len(lengths)`` with one entry more than
-    the buffers' rows, and every buffer ``(rows, block)``.
+    the caller keeps alive), every length >= 1, each table row's lengths summing to at most
+    ``block + 1``, ``row_offsets`` nondecreasing from 0 to ``len(lengths)``, every ``rows[k]``
+    a table row (below ``len(row_offsets) - 1``), ``first_row + len(rows)`` at most the
+    buffers' rows and every buffer of width ``block``.
     """
-    cdef Py_ssize_t rows = row_offsets.shape[0] - 1, block = input_ids.shape[1]
-    cdef Py_ssize_t r, i, j, slot, length, inputs, piece
+    cdef Py_ssize_t count = rows.shape[0], block = input_ids.shape[1]
+    cdef Py_ssize_t k, r, t, i, j, slot, length, inputs, piece
     cdef bint write_mask = label_continues is not None
     cdef bint write_positions = position_ids is not None
     cdef bint write_documents = document_ids is not None
     cdef const token_t *tokens
     cdef int64_t *inputs_row
     cdef int64_t *labels_row
+    cdef int64_t last = pad
     with nogil:
-        for r in range(rows):
+        for k in range(count):
+            r = first_row + k
+            t = rows[k]
             inputs_row = &input_ids[r, 0]
             labels_row = &labels[r, 0]
             slot = 0
             piece = 0
-            for i in range(row_offsets[r], row_offsets[r + 1]):
+            for i in range(row_offsets[t], row_offsets[t + 1]):
                 tokens = <const token_t *><uintptr_t>addresses[i]
                 length = lengths[i]
                 # Inputs are the slots below block; slot + length <= block + 1.
                 inputs = min(length, block - slot)
                 for j in range(inputs):
                     inputs_row[slot + j] = tokens[j]
-                # Slot s >= 1 is label s - 1: the piece's tokens from its second, and its first
-                # too when the piece does not start the row.
-                for j in range(1 if slot == 0 else 0, length):
-                    labels_row[slot + j - 1] = tokens[j]
+                # The last slot is a label only.
+                if slot + length > block:
+                    last = tokens[block - slot]
                 if write_mask:
                     if slot > 0:
                         label_continues[r, slot - 1] = 0
@@ -256,7 +264,11 @@ def fill_packed(
                     position_ids[r, j] = j - slot
                 if write_documents:
                     document_ids[r, j] = <int32_t>piece
+            if slot <= block:
+                last = pad
             for j in range(max(slot, 1), block + 1):
-                labels_row[j - 1] = pad
                 if write_mask:
                     label_continues[r, j - 1] = 0
+            # Label j is slot j + 1: the inputs shifted by one, then the last slot.
+            memcpy(labels_row, inputs_row + 1, (block - 1) * sizeof(int64_t))
+            labels_row[block - 1] = last
