@@ -60,7 +60,7 @@ from tokstream import _validate
 from tokstream._options import stream_signature
 from tokstream.stream import TokenStream, stream_source
 
-__all__ = ["TensorBatch", "TokenDataset"]
+__all__ = ["TensorBatch", "TokenDataset", "block_mask"]
 
 #: A batch as the dataset yields it: ``(windows, targets)`` int64 tensors, or with ``extras``
 #: (or over a mixture) a dict of tensors by name plus the int ``max_seqlen`` for ``cu_seqlens``.
@@ -393,3 +393,45 @@ def _mesh_share(device_mesh: Any, mesh_dim: str | int | None) -> tuple[int, int]
     if local_rank is None or local_rank < 0:
         raise ValueError("device_mesh does not include this process")
     return local_rank, device_mesh.size(dim)
+
+
+def block_mask(batch: dict[str, Any]) -> Any:
+    """A flex_attention ``BlockMask`` for a dict batch: causal attention within each piece.
+
+    Query ``q`` of row ``b`` sees key ``k`` when both lie in the same piece of the row (the
+    same ``"document_ids"`` entry, or with only ``"position_ids"`` the same run counted from
+    each 0) and ``k <= q``: the block-diagonal causal mask of packed training, without the
+    ``(b, block, block)`` dense mask. Pass it to
+    ``torch.nn.attention.flex_attention.flex_attention(q, k, v, block_mask=...)`` with ``q``,
+    ``k``, ``v`` of shape ``(b, heads, block, dim)`` on the batch's device.
+
+    Raises
+    ------
+    TypeError
+        ``batch`` is not a dict batch (a stream with ``extras``).
+    ValueError
+        It holds neither ``"document_ids"`` nor ``"position_ids"``.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if not isinstance(batch, dict):
+        raise TypeError(
+            f"batch must be a dict batch (a stream with extras), got {type(batch).__name__}"
+        )
+    if "document_ids" in batch:
+        documents = torch.as_tensor(batch["document_ids"])
+    elif "position_ids" in batch:
+        documents = torch.cumsum(torch.as_tensor(batch["position_ids"]) == 0, dim=1)
+    else:
+        raise ValueError(
+            "batch holds neither 'document_ids' nor 'position_ids': stream it with "
+            "extras=('document_ids',) (packed) or extras=('position_ids',)"
+        )
+
+    def causal_within_pieces(b: Any, h: Any, q: Any, k: Any) -> Any:
+        return (documents[b, q] == documents[b, k]) & (k <= q)
+
+    rows, block = documents.shape
+    return create_block_mask(
+        causal_within_pieces, rows, None, block, block, device=str(documents.device)
+    )
