@@ -359,17 +359,9 @@ class Corpus:
         """
         _validate.choice(windows, "windows", ("cross", "within"))
         if windows == "cross":
-            lengths = self._lengths
-        else:
-            boundaries = self._document_boundaries if eos is None else self.boundaries_with_eos(eos)
-            lengths = np.diff(boundaries)
-        counts = windows_per_segment(lengths, block, stride)
-        if not counts.any():
-            return 0
-        # Windows of a segment overlap (or abut) when stride <= block + 1, else leave gaps.
-        span, step = block + 1, min(capped_stride(lengths, stride), block + 1)
-        kept = counts[counts > 0]
-        return int(kept.shape[0] * span + (kept - 1).sum() * step)
+            return covered_tokens(self._lengths, block, stride)
+        boundaries = self._document_boundaries if eos is None else self.boundaries_with_eos(eos)
+        return covered_tokens(np.diff(boundaries), block, stride)
 
     def memory_maps(self) -> Iterator[mmap.mmap | FileMap]:
         """The distinct mappings the shards are views of (none for in-RAM arrays).
@@ -429,6 +421,18 @@ def windows_per_segment(lengths: np.ndarray, block: int, stride: int) -> np.ndar
         counts //= stride
         counts += 1
     return np.maximum(counts, 0, out=counts)
+
+
+def covered_tokens(lengths: np.ndarray, block: int, stride: int) -> int:
+    """Tokens of segments of ``lengths`` inside some window of ``block + 1`` tokens, one
+    every ``stride`` tokens from each segment's start (:meth:`Corpus.tokens_in_windows`)."""
+    counts = windows_per_segment(lengths, block, stride)
+    if not counts.any():
+        return 0
+    # A segment's windows overlap (or abut) when stride <= block + 1, else leave gaps.
+    span, step = block + 1, min(capped_stride(lengths, stride), block + 1)
+    kept = counts[counts > 0]
+    return int(kept.shape[0] * span + (kept - 1).sum() * step)
 
 
 def _cumulative(counts: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from tokstream import _progress, _validate, files
 from tokstream.bench.report import markdown_table
 from tokstream.cli import _inspect_step
 from tokstream.cli._common import PROG, dtype_name, positive
+from tokstream.corpus import Corpus, covered_tokens
 from tokstream.formats import megatron
 
 
@@ -80,6 +81,8 @@ def summarize(
     """Open ``path`` with :func:`tokstream.files.open_tokens` and describe it."""
     detected = files.detect_format(path) if format is None else format
     corpus = files.open_tokens(path, dtype=dtype, format=format, column=column)
+    # The boundaries of windows="within" (one scan for eos, which also counts its tokens).
+    documents = corpus.document_boundaries if eos is None else corpus.boundaries_with_eos(eos)
     bounds = [_value_range(tokens, progress, path) for tokens in corpus.shards]
     lows = [low for low, _ in bounds if low is not None]
     highs = [high for _, high in bounds if high is not None]
@@ -93,8 +96,8 @@ def summarize(
         windows=corpus.num_windows(block),
         bytes=_size(path),
         kept_cross=_share(corpus.tokens_in_windows(block), corpus.num_tokens),
-        kept_within=_share(corpus.tokens_in_windows(block, 1, "within", eos), corpus.num_tokens),
-        boundaries=_boundaries(corpus, eos),
+        kept_within=_share(covered_tokens(np.diff(documents), block, 1), corpus.num_tokens),
+        boundaries=_boundaries(corpus, eos, documents),
         eos_tokens=None if eos is None else corpus.eos_count(eos),
     )
     if corpus.has_documents:
@@ -111,7 +114,7 @@ def _share(part: int, whole: int) -> float:
     return round(part / whole, 4) if whole else 0.0
 
 
-def _boundaries(corpus: Any, eos: int | None) -> str:
+def _boundaries(corpus: Corpus, eos: int | None, documents: np.ndarray) -> str:
     """Which document boundaries a stream over ``corpus`` uses (windows="within", extras)."""
     recorded = corpus.document_boundaries.shape[0] - 1
     base = (
@@ -124,7 +127,7 @@ def _boundaries(corpus: Any, eos: int | None) -> str:
     count = corpus.eos_count(eos)
     if count == 0:
         return f"{base} only: eos={eos} occurs nowhere (a stream with it warns)"
-    found = corpus.boundaries_with_eos(eos).shape[0] - 1
+    found = documents.shape[0] - 1
     return f"{base}, and with eos={eos} ({count:,} tokens) {found:,} documents in all"
 
 
