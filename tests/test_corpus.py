@@ -200,15 +200,30 @@ def first_columns(windows):
 expected = {windows: first_columns(windows) for windows in ("cross", "within")}
 for array in (corpus.lengths, corpus.document_boundaries, corpus.shard_starts):
     edit(array)
-for name in ("lengths", "document_boundaries", "shards", "dtype", "num_tokens"):
+for name in [n for n in dir(corpus) if not n.startswith("_")]:
+    # A method replaced on the instance too: boundaries_with_eos gives a stream its documents.
     try:
-        setattr(corpus, name, np.array([10**9]))
+        setattr(corpus, name, lambda *args, **kwargs: np.array([0, 10**9], dtype=np.int64))
     except AttributeError:
         pass
+    else:
+        raise AssertionError(f"corpus.{name} was replaced")
+expected["eos"] = [b[0].copy() for b in stream_token_source(
+    shards[0], 64, 32, windows="within", eos=5, shuffle=False
+)]
 for windows in ("cross", "within"):
     got = first_columns(windows)
     assert len(got) == len(expected[windows]), windows
     assert all(np.array_equal(g, e) for g, e in zip(got, expected[windows])), windows
+
+plain = Corpus([shards[0]])
+for name in ("boundaries_with_eos", "shard_starts"):
+    try:
+        setattr(plain, name, lambda *args: np.array([0, 10**9], dtype=np.int64))
+    except AttributeError:
+        pass
+got = [b[0] for b in stream_token_source(plain, 64, 32, windows="within", eos=5, shuffle=False)]
+assert all(np.array_equal(g, e) for g, e in zip(got, expected["eos"], strict=True))
 
 stream = stream_token_source(corpus, 64, 32, shuffle=False)
 for name in ("block", "batch_size", "stride", "corpus", "num_windows", "options"):

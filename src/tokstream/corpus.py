@@ -162,6 +162,15 @@ class Corpus:
         self._eos_warned: set[int] = set()
         self._eos_sampled: set[int] = set()  # counted in a sample, not over every token
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Streams compute their bounds through these methods and properties: a method replaced
+        # on the instance (corpus.boundaries_with_eos = ...) would hand the kernel any bounds.
+        if not name.startswith("_"):
+            raise AttributeError(
+                f"Corpus attributes are read-only: a corpus cannot be given {name!r}"
+            )
+        super().__setattr__(name, value)
+
     @classmethod
     def from_tokens(cls, token_ids: Any, name: str = "token_ids") -> Corpus:
         """One shard; a :class:`Corpus` is passed through unchanged."""
