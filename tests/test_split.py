@@ -288,6 +288,8 @@ def test_split_is_exported_from_tokstream():
         ({"train": float("inf")}, {}, ValueError, r"fractions\['train'\] must be finite"),
         ({"train": "0.9"}, {}, TypeError, r"fractions\['train'\] must be a number"),
         ({"train": True}, {}, TypeError, r"fractions\['train'\] must be a number"),
+        ({"train": 1e-320}, {}, ValueError, r"fractions\['train'\] must be between 2\*\*-1022"),
+        ({"train": 2**2000}, {}, ValueError, r"fractions\['train'\] must be between 2\*\*-1022"),
         ({1: 0.5}, {}, TypeError, "split names must be str"),
         ({"": 0.5}, {}, ValueError, "split name must not be empty"),
         ({"train": 1}, {"seed": -1}, ValueError, "seed must be nonnegative"),

@@ -87,9 +87,9 @@ def split(
         ``fractions`` is not a dict, a name is not a str, a fraction is not a number;
         ``seed`` or ``range_tokens`` is not an int.
     ValueError
-        No names, an empty name, a fraction that is not positive and finite, a seed outside
-        ``[0, 2**32)``,
-        ``range_tokens`` below 1; for a mixture, a split that leaves a source without tokens.
+        No names, an empty name, a fraction that is not positive and finite (or lies outside
+        ``[2**-1022, 2**1022]``), a seed outside ``[0, 2**32)``, ``range_tokens`` below 1; for a
+        mixture, a split that leaves a source without tokens.
     """
     weights = _fractions(fractions)
     seed = _validate.seed_int(seed, "seed")
@@ -158,7 +158,15 @@ def _fractions(fractions: Any) -> dict[str, float]:
             raise TypeError(f"fractions: split names must be str, got {name!r}")
         if not name:
             raise ValueError("fractions: a split name must not be empty")
-        weights[name] = float(exact_weight(value, f"fractions[{name!r}]"))
+        exact = exact_weight(value, f"fractions[{name!r}]")
+        # A score is -ln(u) * (1 / fraction) in float64: both the fraction and its inverse must
+        # be finite normal floats (each name's scores must not depend on the other names, so
+        # the fractions are not rescaled).
+        if not 2.0**-1022 <= exact <= 2.0**1022:
+            raise ValueError(
+                f"fractions[{name!r}] must be between 2**-1022 and 2**1022, got {value!r}"
+            )
+        weights[name] = float(exact)
     return weights
 
 
