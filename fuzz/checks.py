@@ -491,6 +491,7 @@ def check_lifecycle(tokens, kwargs, steps: int, event: str, directory) -> str:
     and changes nothing. ``pickle``: the tokens as a token file, the corpus pickled and
     unpickled (it maps the file again), a new stream over it resumed from the state. ``fork``:
     the rest of the stream comes from a forked child (POSIX), and the parent's is unchanged.
+    ``seek``: ``seek()`` to a step behind (odd ``steps``) or ahead; the model's batches from it.
     """
     shards, controls = model_call(tokens, kwargs)
     if event == "pickle":
@@ -510,6 +511,10 @@ def check_lifecycle(tokens, kwargs, steps: int, event: str, directory) -> str:
             rest = itertools.islice(model_batches(shards, controls), MAX_BATCHES)
         elif event == "edit":
             _edit_attributes(stream)
+        elif event == "seek":
+            target = steps // 2 if steps % 2 else steps + 3
+            stream.seek(target)
+            rest = itertools.islice(model_batches(shards, controls), target, target + MAX_BATCHES)
         elif event == "pickle":
             state = stream.state_dict()
             corpus = pickle.loads(pickle.dumps(stream.corpus))

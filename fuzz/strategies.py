@@ -453,7 +453,7 @@ def resumable_mixture_calls(draw):
 
 
 #: What happens to a stream in the middle (see ``fuzz.checks.check_lifecycle``).
-lifecycle_events = st.sampled_from(["rewind", "edit", "pickle", "fork"])
+lifecycle_events = st.sampled_from(["rewind", "edit", "pickle", "fork", "seek"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -286,8 +286,10 @@ class WindowSpace:
 
 
 def window_space(corpus: Corpus, options: StreamOptions) -> WindowSpace:
-    """The corpus' windows for ``options`` (``eos`` checked against the corpus dtype):
-    stride, window policy and document boundaries."""
+    """The corpus' windows for ``options``: stride, window policy and document boundaries.
+
+    ``options.eos`` is a token id of the corpus dtype (a rule of ``StreamOptions.create``);
+    here the corpus only says whether it holds that token (``Corpus.check_eos``)."""
     boundaries = None
     if options.windows == "within":
         boundaries = (
