@@ -103,16 +103,8 @@ class StreamOptions:
         block, batch_size, epochs, shuffle, seed = stream_controls(
             block, batch_size, values["epochs"], values["shuffle"], values["seed"]
         )
-        windows = choice(values["windows"], "windows", WINDOW_POLICIES)
-        packed = windows == "packed"
-        # Packed rows are labelled by their shifted tokens: the default becomes "shifted".
-        targets = "shifted" if packed and "targets" not in options else values["targets"]
-        targets = choice(targets, "targets", TARGETS)
-        if packed and targets == "next":
-            raise ValueError(
-                "targets='next' is not available with windows='packed': a packed row's labels "
-                "are its tokens shifted by one (targets='shifted', the default there)"
-            )
+        # Checked in the order of the keywords (the fuzz model's); its default waits for windows.
+        targets = choice(values["targets"], "targets", TARGETS) if "targets" in options else None
         world_size = positive_int(values["world_size"], "world_size")
         rank = nonnegative_int(values["rank"], "rank")
         if rank >= world_size:
@@ -120,6 +112,16 @@ class StreamOptions:
         drop_last = exact_bool(values["drop_last"], "drop_last")
         stride = positive_int(values["stride"], "stride")
         eos = None if values["eos"] is None else exact_int(values["eos"], "eos")
+        windows = choice(values["windows"], "windows", WINDOW_POLICIES)
+        packed = windows == "packed"
+        # Packed rows are labelled by their shifted tokens: the default becomes "shifted".
+        if targets is None:
+            targets = "shifted" if packed else "next"
+        if packed and targets == "next":
+            raise ValueError(
+                "targets='next' is not available with windows='packed': a packed row's labels "
+                "are its tokens shifted by one (targets='shifted', the default there)"
+            )
         extras = names_from(
             values["extras"], "extras", allowed_extras + ROW_EXTRAS + MIXTURE_EXTRAS + PACKED_EXTRAS
         )
