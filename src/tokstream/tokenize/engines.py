@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import itertools
 import multiprocessing
 import socket
 from collections.abc import Callable, Iterator
@@ -124,7 +125,7 @@ def _ray_submitter(
     remote: Any = EncodeWorker  # ray.remote made it an actor class (with .remote)
     actors = [remote.remote(spec) for _ in range(workers)]
     stack.callback(lambda: [ray.kill(actor) for actor in actors])
-    turn = iter(range(1 << 62))
+    turn = itertools.count()
 
     def submit(texts: list[str]) -> Callable[[], Any]:
         reference = actors[next(turn) % workers].encode.remote(texts, eos)
