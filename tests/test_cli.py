@@ -698,3 +698,18 @@ def test_a_memory_error_is_one_line_and_exit_1(
     assert err == (
         f"tokstream {command}: error: out of memory: Unable to allocate 7.28 TiB for an array\n"
     )
+
+
+def test_inspect_reports_what_packing_makes_of_the_documents(tmp_path):
+    tokens = np.tile(np.array([5, 6, 7, 0, 8, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0]), 50)
+    path = tmp_path / "t.npy"
+    np.save(path, tokens.astype(np.uint16))
+    code, out, err = run(
+        "inspect", str(path), "--block", "8", "--eos", "0", "--windows", "packed", "--json"
+    )
+    assert code == 0, err
+    packed = json.loads(out)[0]["packed"]
+    # 150 documents: 50 each of 4, 3 and 12 tokens; the 12-token ones are cut into 2 pieces.
+    assert packed["documents"] == 150 and packed["pieces"] == 200
+    assert packed["split"] == round(50 / 150, 4) and packed["kept"] == 1.0
+    assert 0 <= packed["padding"] < 0.1

@@ -169,6 +169,7 @@ BAD = [
     ({"windows": "cross"}, ValueError, "pad needs windows='packed'"),
     ({"windows": "within", "pad": None}, ValueError, "document_ids' needs windows='packed'"),
     ({"windows": "shelves"}, ValueError, "windows"),
+    ({"extras": ("origin",)}, ValueError, "extras 'origin'"),
 ]
 
 

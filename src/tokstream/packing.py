@@ -383,3 +383,27 @@ def _fill_empty_rows(rows: np.ndarray, count: int) -> np.ndarray:
         members[fullest] -= 1
         members[row] = 1
     return rows
+
+
+def packing_summary(boundaries: np.ndarray, block: int, seed: int = 0) -> dict[str, float | int]:
+    """What ``windows="packed"`` makes of documents of ``boundaries`` at ``block``.
+
+    ``documents`` (all, empty ones included), ``pieces``, ``split`` (the share of the documents
+    of at least 2 tokens cut into several pieces: those longer than ``block + 1``), ``padding``
+    (the share of a shuffled epoch's slots that are padding) and ``kept`` (the share of the
+    tokens that are in a piece: all but those of documents of one token).
+    """
+    lengths = np.diff(boundaries)
+    full, short = piece_counts(lengths, block)
+    counted = lengths >= 2
+    packing = Packing(boundaries, block, shuffle=True, seed=seed)
+    slots = packing.num_rows * (block + 1)
+    used = int((full * (block + 1) + short).sum())
+    tokens = int(lengths.sum())
+    return {
+        "documents": int(lengths.shape[0]),
+        "pieces": int(full.sum() + np.count_nonzero(short)),
+        "split": round(float((lengths[counted] > block + 1).mean()), 4) if counted.any() else 0.0,
+        "padding": round(1 - used / slots, 4) if slots else 0.0,
+        "kept": round(int(lengths[counted].sum()) / tokens, 4) if tokens else 0.0,
+    }

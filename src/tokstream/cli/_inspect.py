@@ -17,6 +17,7 @@ from tokstream.cli import _inspect_step
 from tokstream.cli._common import PROG, dtype_name, positive
 from tokstream.corpus import Corpus, covered_tokens
 from tokstream.formats import megatron
+from tokstream.packing import packing_summary
 
 
 def _value_range(
@@ -57,6 +58,8 @@ class FileSummary:
     max_document: int | None = None
     #: Tokens equal to ``--eos`` (None without it).
     eos_tokens: int | None = None
+    #: With ``--windows packed``: :func:`tokstream.packing.packing_summary` (else None).
+    packed: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Every field; the document fields only where documents are recorded."""
@@ -66,6 +69,8 @@ class FileSummary:
                 del fields[name]
         if self.eos_tokens is None:
             del fields["eos_tokens"]
+        if self.packed is None:
+            del fields["packed"]
         return fields
 
 
@@ -77,6 +82,7 @@ def summarize(
     progress: _progress.Progress,
     column: str = "input_ids",
     eos: int | None = None,
+    packed: bool = False,
 ) -> FileSummary:
     """Open ``path`` with :func:`tokstream.files.open_tokens` and describe it."""
     detected = files.detect_format(path) if format is None else format
@@ -100,6 +106,9 @@ def summarize(
         boundaries=_boundaries(corpus, eos, documents),
         eos_tokens=None if eos is None else corpus.eos_count(eos),
     )
+    if packed:
+        boundaries = corpus.document_boundaries if eos is None else corpus.boundaries_with_eos(eos)
+        summary.packed = packing_summary(boundaries, block)
     if corpus.has_documents:
         lengths = corpus.document_lengths
         summary.documents = int(lengths.shape[0])
@@ -245,7 +254,16 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         return _inspect_step.run(args, _expand(args.files), stdout)
     progress = _progress.Progress(None if args.quiet else stderr)
     summaries = [
-        summarize(path, args.block, args.dtype, args.format, progress, args.column, args.eos)
+        summarize(
+            path,
+            args.block,
+            args.dtype,
+            args.format,
+            progress,
+            args.column,
+            args.eos,
+            args.windows == "packed",
+        )
         for path in _expand(args.files)
     ]
     progress.done()
@@ -268,4 +286,13 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         )
         for summary in summaries:
             print(f"  {summary.path}: {summary.boundaries}", file=stdout)
+        for summary in summaries:
+            if summary.packed is not None:
+                p = summary.packed
+                print(
+                    f"windows='packed' at --block {args.block}, {summary.path}: "
+                    f"{p['documents']:,} documents, {p['pieces']:,} pieces, {p['split']:.2%} of "
+                    f"documents split, {p['padding']:.2%} padding, {p['kept']:.2%} of tokens kept",
+                    file=stdout,
+                )
     return 0

@@ -30,7 +30,12 @@ def add_arguments(inspect: argparse.ArgumentParser) -> None:
     step.add_argument("--batch-size", type=positive, default=None, metavar="B")
     step.add_argument("--seed", type=nonnegative, default=0, help="default 0")
     step.add_argument("--stride", type=positive, default=1, help="default 1")
-    step.add_argument("--windows", choices=("cross", "within"), default="cross")
+    step.add_argument(
+        "--windows",
+        choices=("cross", "within", "packed"),
+        default="cross",
+        help="packed (without --step): also report what windows='packed' makes of the documents",
+    )
     step.add_argument("--permutation", choices=("materialized", "implicit"), default=None)
     step.add_argument("--no-shuffle", action="store_true", help="windows in corpus order")
     step.add_argument("--drop-last", action="store_true")
