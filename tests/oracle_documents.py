@@ -90,6 +90,7 @@ def window_batch(
     input_ids = np.zeros((rows, block), np.int64)
     labels = np.zeros((rows,) if targets == "next" else (rows, block), np.int64)
     position_ids = np.zeros((rows, block), np.int64)
+    document_ids = np.zeros((rows, block), np.int32)
     loss_mask = np.zeros(labels.shape, np.bool_)
     cu_seqlens = []
     for r, (j, start) in enumerate(picked):
@@ -99,6 +100,8 @@ def window_batch(
             input_ids[r, i] = int(tokens[start + i])
             is_start = i == 0 or start + i in starts
             position_ids[r, i] = 0 if is_start else position_ids[r, i - 1] + 1
+            # The row's first piece is 0; each document start inside the row opens the next.
+            document_ids[r, i] = 0 if i == 0 else document_ids[r, i - 1] + is_start
             if is_start:
                 cu_seqlens.append(r * block + i)
             if targets == "shifted":
@@ -110,6 +113,8 @@ def window_batch(
     if not extras:
         return input_ids, labels
     batch: dict[str, Any] = {"input_ids": input_ids, "labels": labels}
+    if "document_ids" in extras:
+        batch["document_ids"] = document_ids
     if "position_ids" in extras:
         batch["position_ids"] = position_ids
     if "loss_mask" in extras:

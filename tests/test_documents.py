@@ -95,7 +95,7 @@ def test_readers_record_documents_per_shard_and_they_are_checked():
 # ---------------------------------------------------------------------------------------------
 # Streams over documents against the pure-NumPy oracle (tests/oracle_documents.py)
 
-ALL_EXTRAS = ("position_ids", "loss_mask", "cu_seqlens")
+ALL_EXTRAS = ("position_ids", "loss_mask", "cu_seqlens", "document_ids")
 VOCAB = 6  # few ids, so that a drawn eos occurs often, also first and last
 
 
@@ -139,7 +139,7 @@ def settings_of_a_run(draw):
         "eos": draw(st.sampled_from([None, 0, VOCAB - 1])),
         "windows": draw(st.sampled_from(["cross", "within"])),
         "targets": draw(st.sampled_from(["next", "shifted"])),
-        "extras": tuple(draw(st.permutations(ALL_EXTRAS))[: draw(st.integers(0, 3))]),
+        "extras": tuple(draw(st.permutations(ALL_EXTRAS))[: draw(st.integers(0, 4))]),
         "drop_last": draw(st.booleans()),
         "epochs": draw(st.integers(1, 2)),
     }

@@ -167,7 +167,6 @@ BAD = [
     ({"stride": 8}, ValueError, "stride=8"),
     ({"permutation": "materialized"}, ValueError, "permutation='materialized'"),
     ({"windows": "cross"}, ValueError, "pad needs windows='packed'"),
-    ({"windows": "within", "pad": None}, ValueError, "document_ids' needs windows='packed'"),
     ({"windows": "shelves"}, ValueError, "windows"),
     ({"extras": ("origin",)}, ValueError, "extras 'origin'"),
 ]

@@ -131,8 +131,6 @@ def fill(gather: WindowSpace, windows_index: np.ndarray, buffers: dict[str, np.n
     """
     labels = buffers["labels"]
     next_tokens, targets = (labels, None) if labels.ndim == 1 else (None, labels)
-    # Only a packed stream's space takes document ids (only packed streams may ask for them).
-    document_ids = {"document_ids": buffers["document_ids"]} if "document_ids" in buffers else {}
     gather(
         windows_index,
         buffers["input_ids"],
@@ -140,7 +138,7 @@ def fill(gather: WindowSpace, windows_index: np.ndarray, buffers: dict[str, np.n
         targets,
         buffers.get("position_ids"),
         buffers.get("label_continues"),
-        **document_ids,
+        buffers.get("document_ids"),
     )
     if "origin" in buffers:
         write_origins(gather, windows_index, buffers["origin"])

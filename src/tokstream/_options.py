@@ -37,7 +37,8 @@ TARGETS: tuple[Targets, ...] = get_args(Targets)
 PERMUTATIONS: tuple[Permutation, ...] = get_args(Permutation)
 WINDOW_POLICIES: tuple[WindowPolicy, ...] = get_args(WindowPolicy)
 DOCUMENT_EXTRAS = ("position_ids", "loss_mask", "cu_seqlens")
-PACKED_EXTRAS = ("document_ids",)
+#: Each token's piece within its row, for every window policy.
+PIECE_EXTRAS = ("document_ids",)
 MIXTURE_EXTRAS = ("source",)
 #: Extras every stream gives: where each row comes from.
 ROW_EXTRAS = ("origin",)
@@ -123,7 +124,7 @@ class StreamOptions:
                 "are its tokens shifted by one (targets='shifted', the default there)"
             )
         extras = names_from(
-            values["extras"], "extras", allowed_extras + ROW_EXTRAS + MIXTURE_EXTRAS + PACKED_EXTRAS
+            values["extras"], "extras", allowed_extras + ROW_EXTRAS + MIXTURE_EXTRAS + PIECE_EXTRAS
         )
         pad = None if values["pad"] is None else exact_int(values["pad"], "pad")
         if packed:
@@ -136,12 +137,8 @@ class StreamOptions:
             # A packed batch always carries its loss mask.
             extras = tuple(dict.fromkeys(("loss_mask", *extras)))
         else:
-            for what, given in {
-                "pad": pad is not None,
-                "extras 'document_ids'": "document_ids" in extras,
-            }.items():
-                if given:
-                    raise ValueError(f"{what} needs windows='packed'")
+            if pad is not None:
+                raise ValueError("pad needs windows='packed'")
         if "cu_seqlens" in extras and batch_size * block > INT32_MAX:
             raise ValueError(
                 "extras 'cu_seqlens' are int32 offsets into the flattened batch (flash-attention's "

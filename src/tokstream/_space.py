@@ -188,11 +188,12 @@ class WindowSpace:
         targets: np.ndarray | None = None,
         position_ids: np.ndarray | None = None,
         label_continues: np.ndarray | None = None,
+        document_ids: np.ndarray | None = None,
     ) -> None:
         """Fill ``windows`` (and ``next_tokens`` or ``targets``) for global ``windows_index``.
 
-        With ``position_ids`` or ``label_continues`` (or both) also the rows' document positions
-        or their loss mask.
+        With ``position_ids``, ``label_continues`` or ``document_ids`` (any of them) also the
+        rows' document positions, their loss mask or each token's piece within its row.
 
         Raises ValueError when a buffer's shape is not the batch's: the kernels take their
         row count and width from the buffers, and a caller can reshape an array it was handed
@@ -205,15 +206,13 @@ class WindowSpace:
             or (targets is not None and targets.shape != wide)
             or (position_ids is not None and position_ids.shape != wide)
             or (label_continues is not None and label_continues.shape not in (wide, (rows, 1)))
+            or (document_ids is not None and document_ids.shape != wide)
         ):
             raise ValueError(
                 f"a batch buffer is not {wide} (windows {windows.shape}): reshaped in place?"
             )
-        if (
-            self._single is not None
-            and self._one_segment_base is not None
-            and (position_ids is None and label_continues is None)
-        ):
+        documents = not (position_ids is None and label_continues is None and document_ids is None)
+        if self._single is not None and self._one_segment_base is not None and not documents:
             # One segment in one shard: the kernel maps indices to first tokens itself.
             self._kernel(
                 self._single,
@@ -230,7 +229,7 @@ class WindowSpace:
         # every window copied from its address in one more, whatever shards it lies in.
         addresses = np.empty(windows_index.shape[0], np.uint64)
         starts = self._lookup(windows_index, addresses)
-        if position_ids is None and label_continues is None:
+        if not documents:
             self._kernel_at(
                 self._shards[0], addresses, windows, next_tokens, targets, self._cache_ahead
             )
@@ -250,6 +249,7 @@ class WindowSpace:
             self._use_eos,
             position_ids,
             label_continues,
+            document_ids,
             np.empty((windows_index.shape[0], 3), np.int64),
         )
 

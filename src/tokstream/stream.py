@@ -467,7 +467,8 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         ``block + 1`` tokens lie inside one document, at ``document_start + k * stride``:
         shorter documents are dropped (``Corpus.tokens_in_windows`` counts the tokens kept).
     extras
-        ``"position_ids"``, ``"loss_mask"``, ``"cu_seqlens"``, ``"origin"`` (each row's shard
+        ``"position_ids"``, ``"loss_mask"``, ``"cu_seqlens"``, ``"document_ids"`` (each
+        token's piece within its row), ``"origin"`` (each row's shard
         and first token in it), ``"source"`` (a mixture's): each
         batch is then a dict of ``"input_ids"``, ``"labels"`` and these (:mod:`tokstream._batch`).
     samples

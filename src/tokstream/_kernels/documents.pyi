@@ -18,6 +18,7 @@ def gather_documents(
     use_eos: bool,  # bint
     position_ids: npt.NDArray[np.int64] | None,  # int64_t[:, ::1], shape (b, block)
     label_continues: npt.NDArray[np.uint8] | None,  # uint8_t[:, ::1], (b, block) or (b, 1)
+    document_ids: npt.NDArray[np.int32] | None,  # int32_t[:, ::1], shape (b, block)
     window_scratch: npt.NDArray[np.int64],  # int64_t[:, ::1], at least (len(starts), 3)
 ) -> None: ...
 def document_pieces(

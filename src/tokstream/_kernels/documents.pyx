@@ -96,9 +96,10 @@ def gather_documents(
     bint use_eos,
     int64_t[:, ::1] position_ids,
     uint8_t[:, ::1] label_continues,
+    int32_t[:, ::1] document_ids,
     int64_t[:, ::1] window_scratch,
 ):
-    """gather_documents(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] starts, int64_t[:, ::1] input_ids, int64_t[::1] next_tokens, int64_t[:, ::1] targets, Py_ssize_t cache_ahead, const int64_t[::1] document_starts, const int64_t[::1] document_buckets, int bucket_shift, int64_t eos, bint use_eos, int64_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, int64_t[:, ::1] window_scratch)
+    """gather_documents(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] starts, int64_t[:, ::1] input_ids, int64_t[::1] next_tokens, int64_t[:, ::1] targets, Py_ssize_t cache_ahead, const int64_t[::1] document_starts, const int64_t[::1] document_buckets, int bucket_shift, int64_t eos, bint use_eos, int64_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, int32_t[:, ::1] document_ids, int64_t[:, ::1] window_scratch)
 
     :func:`tokstream._kernels.gather.gather_at` (row ``i`` from ``addresses[i]``, the address
     of token ``starts[i]`` of the shards laid end to end; ``next_tokens`` or ``targets``;
@@ -113,7 +114,9 @@ def gather_documents(
     more than the token before elsewhere. ``label_continues`` is ``(b, block)`` for shifted
     targets (``[r, j]`` is 0 when token ``starts[r] + j + 1`` starts a document) or ``(b, 1)``
     for next tokens (``[r, 0]`` is 0 when token ``starts[r] + block`` does): the loss mask.
-    Either may be None, and is then not written (what the batch did not ask for costs nothing).
+    ``document_ids[r, j]`` is the index of the piece (the run of tokens of one document) that
+    column ``j`` lies in, counted from 0 at the row's first column. Each may be None, and is
+    then not written (what the batch did not ask for costs nothing).
 
     ``document_buckets[k]`` counts the document starts ``<= k << bucket_shift`` (see
     :func:`tokstream._space.document_buckets`), so the first start after a window's is
@@ -127,7 +130,7 @@ def gather_documents(
     The caller guarantees that each address is token ``starts[i]``'s, whose window's ``block +
     1`` tokens lie in a live token array (``lookup_windows`` checks it in the debug build);
     buffers of ``len(starts)`` rows: ``input_ids``, ``targets`` and ``position_ids`` of width
-    ``block``, ``label_continues`` of width ``block`` or 1; exactly one of ``next_tokens`` and
+    ``block`` (``document_ids`` too), ``label_continues`` of width ``block`` or 1; exactly one of ``next_tokens`` and
     ``targets``; and ``document_buckets`` of ``(max(starts) >> bucket_shift) + 2`` or more
     nondecreasing counts.
     """
@@ -138,7 +141,10 @@ def gather_documents(
     cdef bint write_positions = position_ids is not None
     cdef bint write_mask = label_continues is not None
     cdef bint per_label = write_mask and label_continues.shape[1] == block
-    cdef Py_ssize_t i, next_document, piece, end, next_piece, limit, found
+    cdef bint write_ids = document_ids is not None
+    cdef int32_t piece_index
+    cdef int32_t *ids
+    cdef Py_ssize_t i, j, next_document, piece, end, next_piece, limit, found
     cdef Py_ssize_t next_eos = 0, last_eos = -1
     # 16-bit tokens are searched for eos in the copy loop, compared in their own dtype (an eos
     # it cannot hold is left to the copied row's search, which finds nothing).
@@ -184,6 +190,8 @@ def gather_documents(
             start = starts[i]
             out = &position_ids[i, 0] if write_positions else NULL
             continues = &label_continues[i, 0] if write_mask else NULL
+            ids = &document_ids[i, 0] if write_ids else NULL
+            piece_index = 0
             next_document = window_scratch[i, 0]
             if eos_in_copy:
                 next_eos, last_eos = window_scratch[i, 1], window_scratch[i, 2]
@@ -226,6 +234,10 @@ def gather_documents(
                     _ramp(out + piece, end - piece)
                 if per_label:
                     memset(continues + piece, 1, end - piece)
+                if write_ids:
+                    # piece < end <= block: the row's columns (checked above in debug builds).
+                    for j in range(piece, end):
+                        ids[j] = piece_index
                 if next_piece > block:
                     break
                 # A document starts at token start + next_piece.
@@ -242,6 +254,7 @@ def gather_documents(
                 if next_piece == block:
                     break
                 piece = next_piece
+                piece_index += 1
 
 
 cdef inline Py_ssize_t _piece_start(const int64_t *row, Py_ssize_t j) noexcept nogil:
