@@ -172,8 +172,10 @@ def gather_at(
     with nogil:
         for i in range(count):
             if cache_ahead > 0 and cache_ahead < count - i:
+                # i + cache_ahead < count: a looked-up window's first token.
                 prefetch_window(<const token_t *><size_t>addresses[i + cache_ahead], block)
-            # Every window's block + 1 tokens lie in its segment (lookup_windows' guarantee).
+            # Every window's block + 1 tokens lie in its segment (lookup_windows' guarantee);
+            # input_ids has a row per address (WindowSpace checks the buffers' shapes).
             copy_window(
                 <const token_t *><size_t>addresses[i],
                 block,

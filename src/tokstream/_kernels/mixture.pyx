@@ -95,6 +95,7 @@ cdef inline void _samples(
         else:
             k = first + step * <uint64_t>i
             s = _walk_tree(&k, root, nodes)
+        # s < len(sources) == len(caches): a source of the checked period table or tree.
         size = <uint64_t>sources[s].windows
         # Most often in the epoch the source's last sample was in; whatever the cache holds,
         # local < size keeps the position inside the source.
@@ -130,6 +131,7 @@ cdef inline void _permute(
     for s in range(source_count):
         caches[s].taken = 0
     for i in range(count):
+        # Every sample's source is one of the sources (_samples).
         caches[samples[i].source].taken += 1
     j = 0
     for s in range(source_count):
@@ -162,6 +164,7 @@ cdef inline void _permute(
                 <uint64_t>sources[s].windows,
             )
             for lane in range(lanes):
+                # places hold the batch's places i < count, each once (the counting sort).
                 windows_index[places[j + lane]] = sources[s].first + <int64_t>values[lane]
             j += lanes
 
@@ -246,4 +249,5 @@ cdef class MixtureTables:
                 )
             else:
                 for i in range(count):
+                    # A source of the tables, a position below its window count (_samples).
                     windows_index[i] = sources[samples[i].source].first + samples[i].position
