@@ -655,5 +655,6 @@ def test_debug_build_catches_a_document_buffer_short_of_the_batch():
             False,
             positions,  # no row for the batch's one window
             continues,
+            None,
             np.empty((1, 3), np.int64),
         )
