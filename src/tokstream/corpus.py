@@ -12,6 +12,7 @@ import mmap
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -253,7 +254,8 @@ class Corpus:
     @property
     def shard_starts(self) -> np.ndarray:
         """Each shard's first token in the shards laid end to end (read-only int64)."""
-        return self._document_boundaries[self._shard_first_document]
+        starts: np.ndarray = self._document_boundaries[self._shard_first_document]
+        return starts
 
     def shard_documents(self, shard: int) -> np.ndarray | None:
         """Shard ``shard``'s recorded document boundaries, from 0 to its length (None: none)."""
@@ -452,7 +454,8 @@ def _cumulative(counts: np.ndarray) -> np.ndarray:
 
 def _outside_tokstream() -> int:
     """The ``stacklevel`` of the first caller outside tokstream, for a warning made here."""
-    frame, level = sys._getframe(2), 2
+    frame: FrameType | None = sys._getframe(2)
+    level = 2
     while frame is not None and frame.f_globals.get("__name__", "").startswith("tokstream"):
         frame, level = frame.f_back, level + 1
     return level

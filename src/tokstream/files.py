@@ -108,7 +108,7 @@ def detect_format(path: PathLike) -> str:
     # os.path, not Path: a name too long for the file system is existing_file's error to give.
     if os.path.isdir(path):
         if tokenized.is_directory(path):
-            return tokenized.load(path)["format"]
+            return str(tokenized.load(path)["format"])
         if (path / arrow.STATE_FILE).is_file() or (path / arrow.DATASET_DICT_FILE).is_file():
             return "arrow"
         if megatron.is_index(megatron.paths(path)[0]):
@@ -397,7 +397,7 @@ def kept_dtype(dtype: np.dtype, format: str) -> str | None:
     32/64-bit code)."""
     if format == "llmc" or (format == "megatron" and dtype.name in ("uint32", "uint64")):
         return None
-    return dtype.name
+    return str(dtype.name)
 
 
 def stored_dtype(low: int, high: int, format: str, dtype: Any) -> np.dtype:

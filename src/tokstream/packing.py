@@ -332,12 +332,12 @@ class Packing:
         np.cumsum(counts, out=row_offsets[1:])
         if not samples.shape[0]:
             return RowPieces(row_offsets, np.empty(0, np.int64), np.empty(0, np.int64))
-        starts, lengths = np.concatenate(starts), np.concatenate(lengths)
+        piece_starts, piece_lengths = np.concatenate(starts), np.concatenate(lengths)
         sample = np.concatenate(sample_of)
         if (sample[1:] < sample[:-1]).any():
             by_sample = np.argsort(sample, kind="stable")
-            starts, lengths = starts[by_sample], lengths[by_sample]
-        return RowPieces(row_offsets, starts, lengths)
+            piece_starts, piece_lengths = piece_starts[by_sample], piece_lengths[by_sample]
+        return RowPieces(row_offsets, piece_starts, piece_lengths)
 
     def _rows(
         self, packed: PackedGroup, rows: np.ndarray

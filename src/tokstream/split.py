@@ -134,7 +134,8 @@ def _uniform(z: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z ^= z >> np.uint64(31)
     # The top 53 bits plus a half: never 0 (whose log is infinite), never 1.
-    return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+    uniform: np.ndarray = ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+    return uniform
 
 
 def _name_key(name: str, seed: int) -> int:

@@ -84,7 +84,7 @@ def _signature(
     return signature.replace(parameters=parameters)
 
 
-class TokenDataset(IterableDataset):
+class TokenDataset(IterableDataset):  # type: ignore[misc]  # torch is Any to mypy
     """Batches of ``(windows, targets)`` int64 tensors from a :class:`tokstream.TokenStream`.
 
     The arguments are those of :func:`tokstream.stream_token_source`, checked when the dataset
@@ -213,10 +213,11 @@ class TokenDataset(IterableDataset):
         share = self._share()
         stream = self._new_stream(*share)
         if self._resume_state is not None:
-            if share != self._resume_share:
+            loaded = self._resume_share
+            if loaded is not None and share != loaded:
                 raise ValueError(
-                    f"a state was loaded as rank {self._resume_share[0]} of "
-                    f"{self._resume_share[1]} (rank * num_workers + worker of world_size * "
+                    f"a state was loaded as rank {loaded[0]} of "
+                    f"{loaded[1]} (rank * num_workers + worker of world_size * "
                     f"num_workers), but is iterated as {share[0]} of {share[1]}; with DataLoader "
                     "workers, load each worker's own state through torchdata's "
                     "StatefulDataLoader, or use num_workers=0"
