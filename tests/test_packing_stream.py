@@ -168,7 +168,6 @@ BAD = [
     ({"permutation": "materialized"}, ValueError, "permutation='materialized'"),
     ({"windows": "cross"}, ValueError, "pad needs windows='packed'"),
     ({"windows": "shelves"}, ValueError, "windows"),
-    ({"extras": ("origin",)}, ValueError, "extras 'origin'"),
 ]
 
 

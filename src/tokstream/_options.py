@@ -129,11 +129,6 @@ class StreamOptions:
         pad = None if values["pad"] is None else exact_int(values["pad"], "pad")
         if packed:
             pad = _packed_checks(pad, eos, stride, mixture, values["permutation"])
-            if "origin" in extras:
-                raise ValueError(
-                    "extras 'origin' is not available with windows='packed': a packed row "
-                    "holds pieces of several documents, not one window"
-                )
             # A packed batch always carries its loss mask.
             extras = tuple(dict.fromkeys(("loss_mask", *extras)))
         else:
