@@ -18,13 +18,8 @@ from tokstream._kernels.advice import advise_windows
 from tokstream._kernels.documents import gather_documents
 from tokstream._kernels.gather import gather_at, gather_windows, lookup_windows
 from tokstream._options import StreamOptions
-from tokstream.corpus import (
-    Corpus,
-    _cumulative,
-    capped_stride,
-    frozen,
-    windows_per_segment,
-)
+from tokstream._windowing import capped_stride, cumulative, windows_per_segment
+from tokstream.corpus import Corpus, frozen
 
 #: The kernel requests about this many bytes of window data into the cache ahead of the window
 #: it copies, and at most this many windows ahead (see :func:`cache_ahead`).
@@ -101,7 +96,7 @@ class WindowSpace:
         counts = windows_per_segment(segment_lengths, block, stride)
         kept = np.flatnonzero(counts)
         self._segment_starts = frozen(segment_starts[kept].copy())
-        self._offsets = frozen(_cumulative(counts[kept]))
+        self._offsets = frozen(cumulative(counts[kept]))
         self.num_windows = int(self._offsets[-1])
         self._stride = stride
         # With a single segment a window's start is an affine function of its index.

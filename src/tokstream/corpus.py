@@ -19,6 +19,7 @@ import numpy as np
 
 from tokstream import _validate
 from tokstream._filemap import FileMap, MappedFiles, file_map_of
+from tokstream._windowing import covered_tokens, cumulative, windows_per_segment
 
 #: A stream with ``eos=`` that does not scan every token anyway (``windows="within"`` does)
 #: looks for the token in at most this many tokens: all of a smaller corpus, else
@@ -245,7 +246,7 @@ class Corpus:
 
     def window_offsets(self, block: int, stride: int = 1) -> np.ndarray:
         """``offsets[j]`` = index of shard ``j``'s first window; ``offsets[-1]`` = window count."""
-        return _cumulative(windows_per_segment(self.lengths, block, stride))
+        return cumulative(windows_per_segment(self.lengths, block, stride))
 
     def num_windows(self, block: int, stride: int = 1) -> int:
         """How many ``(block + 1)``-token windows the corpus holds, one every ``stride`` tokens."""
@@ -412,44 +413,6 @@ class Corpus:
                 continue
             advised += 1
         return advised
-
-
-def capped_stride(lengths: np.ndarray, stride: int) -> int:
-    """``stride``, at most the longest of ``lengths``: beyond it a stride changes nothing (at
-    most one window a segment), and so even one beyond int64 fits the kernels."""
-    return min(stride, max(int(lengths.max(initial=0)), 1))
-
-
-def windows_per_segment(lengths: np.ndarray, block: int, stride: int) -> np.ndarray:
-    """Windows of ``block + 1`` tokens, one every ``stride`` tokens, in segments of ``lengths``."""
-    # A block longer than every segment (even one beyond int64) leaves no windows at all.
-    block, stride = min(block, int(lengths.max(initial=0))), capped_stride(lengths, stride)
-    # lengths - block - 1 is the room left after the first window; a negative count is none.
-    # (An integer division costs more than everything else here: stride 1 skips it.)
-    counts = lengths.astype(np.int64) - block
-    if stride != 1:
-        counts -= 1
-        counts //= stride
-        counts += 1
-    return np.maximum(counts, 0, out=counts)
-
-
-def covered_tokens(lengths: np.ndarray, block: int, stride: int) -> int:
-    """Tokens of segments of ``lengths`` inside some window of ``block + 1`` tokens, one
-    every ``stride`` tokens from each segment's start (:meth:`Corpus.tokens_in_windows`)."""
-    counts = windows_per_segment(lengths, block, stride)
-    if not counts.any():
-        return 0
-    # A segment's windows overlap (or abut) when stride <= block + 1, else leave gaps.
-    span, step = block + 1, min(capped_stride(lengths, stride), block + 1)
-    kept = counts[counts > 0]
-    return int(kept.shape[0] * span + (kept - 1).sum() * step)
-
-
-def _cumulative(counts: np.ndarray) -> np.ndarray:
-    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return offsets
 
 
 def _outside_tokstream() -> int:

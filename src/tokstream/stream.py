@@ -272,10 +272,14 @@ class TokenStream(Iterator[Batch]):
                 self._closed = True  # first: an interrupt below still leaves it closed
             self._discard_prefetcher()
             with self._lock:
-                self._order.release()
-                self._fresh.clear()
-                if self._readahead is not None:
-                    self._readahead.reset()
+                self._drop_caches()
+
+    def _drop_caches(self) -> None:
+        """Free the epoch's order, the fresh buffers and the read-ahead plan (under the lock)."""
+        self._order.release()
+        self._fresh.clear()
+        if self._readahead is not None:
+            self._readahead.reset()
 
     def __repr__(self) -> str:
         o, cursor = self._options, self._cursor
@@ -343,10 +347,7 @@ class TokenStream(Iterator[Batch]):
             with self._lock:
                 known = self._cursor
                 cursor = self._order.cursor_at(epoch, batch * self.global_batch_size, known)
-                self._order.release()
-                self._fresh.clear()
-                if self._readahead is not None:
-                    self._readahead.reset()
+                self._drop_caches()
                 self._cursor, self._closed, self._delivered = cursor, False, None
 
     def load_state_dict(self, state: Any) -> None:
@@ -373,10 +374,7 @@ class TokenStream(Iterator[Batch]):
         with self._deliver_lock:
             self._discard_prefetcher()
             with self._lock:
-                self._order.release()
-                self._fresh.clear()
-                if self._readahead is not None:
-                    self._readahead.reset()
+                self._drop_caches()
                 if not self._order.rows_at(cursor) and self.batches_per_epoch:
                     # The epoch has no batch left at the saved position under this stream's
                     # tail rule (a state from the end of an epoch, or from another world size

@@ -12,10 +12,11 @@ from typing import Any, TextIO
 import numpy as np
 
 from tokstream import _progress, _validate, files
+from tokstream._windowing import covered_tokens
 from tokstream.bench.report import markdown_table
 from tokstream.cli import _inspect_step
 from tokstream.cli._common import PROG, dtype_name, positive
-from tokstream.corpus import Corpus, covered_tokens
+from tokstream.corpus import Corpus
 from tokstream.formats import megatron
 from tokstream.packing import packing_summary
 
