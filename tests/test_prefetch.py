@@ -308,6 +308,36 @@ def interrupt_prefetch_thread_join(monkeypatch) -> None:
     monkeypatch.setattr(threading.Thread, "join", join)
 
 
+@pytest.mark.skipif(
+    not hasattr(threading.Thread, "_wait_for_tstate_lock"), reason="CPython before 3.13 only"
+)
+def test_a_running_thread_that_cpython_marked_stopped_still_delivers():
+    # On CPython before 3.13, a Ctrl-C landing inside Thread.is_alive() or join() (in
+    # Thread._wait_for_tstate_lock's except branch, bpo-45274) releases the running thread's
+    # state lock and marks it stopped for good. The consumer polled is_alive() while waiting, so
+    # the next next() that found the handoff empty raised "the prefetch thread is gone" (seen in
+    # the interrupt stress of test_lifecycle.py). Simulated by doing what that branch does.
+    from tokstream._prefetch import Prefetcher
+
+    class Owner:
+        pass
+
+    def produce(owner, prefetcher):
+        time.sleep(0.12)  # longer than the consumer's poll: it finds the handoff empty
+        return 1
+
+    owner = Owner()
+    prefetcher = Prefetcher(owner, produce, 1)
+    assert call_within(prefetcher.get) == 1
+    thread = prefetcher._thread
+    thread._tstate_lock.release()
+    thread._stop()
+    assert not thread.is_alive()  # what CPython now says of the running thread
+    assert [call_within(prefetcher.get) for _ in range(3)] == [1, 1, 1]
+    prefetcher.close()
+    wait_for_no_prefetch_threads()
+
+
 def test_ctrl_c_during_close_still_closes_the_stream(monkeypatch):
     stream = stream_token_source(IDS, 8, 16, epochs=5, seed=1, prefetch=3)
     for _ in range(4):

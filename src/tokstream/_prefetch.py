@@ -127,8 +127,12 @@ class Prefetcher:
         self._stopping = False
         # Released once the start has returned: the thread produces nothing before.
         self._go = _held_lock()
-        # Set by the thread when it starts running this module (see _join).
+        # Set by the thread when it starts running this module (see _join), and when it leaves
+        # it. The thread's own word, not Thread.is_alive(): on CPython before 3.13 an interrupt
+        # landing inside is_alive() or join() (Thread._wait_for_tstate_lock) marks a running
+        # thread as stopped for good.
         self._entered = False
+        self._exited = False
         self._thread: threading.Thread | None = None
         self._finished = False
         self.orphaned = False
@@ -170,6 +174,12 @@ class Prefetcher:
     def _run(self) -> None:
         """The thread: produce until stopped, the end, a failure, or the owner is collected."""
         self._entered = True
+        try:
+            self._produce_until_done()
+        finally:
+            self._exited = True
+
+    def _produce_until_done(self) -> None:
         while not self._go.acquire(timeout=_POLL_SECONDS):
             if self._owner_ref() is None:
                 return
@@ -207,7 +217,7 @@ class Prefetcher:
                 item = self._handoff.get(_POLL_SECONDS)
                 break
             except queue.Empty:
-                if self.orphaned or self._thread is None or not self._thread.is_alive():
+                if self.orphaned or self._thread is None or self._exited:
                     if self._handoff.empty():
                         raise RuntimeError(
                             "the prefetch thread is gone (stopped, or lost in a fork)"
@@ -242,9 +252,12 @@ class Prefetcher:
         daemon; seen under a stress of interrupts). Waiting for it hung.
         """
         thread = self._thread
-        while thread is not None and thread.is_alive() and self._entered and not self.orphaned:
+        if thread is None or not self._entered:
+            return
+        while not self._exited and not self.orphaned:
             self._handoff.drop()  # a producer waiting for room sees the stop sooner
             thread.join(_POLL_SECONDS)
+        thread.join(_POLL_SECONDS)  # the few bytecodes it runs after leaving this module
 
 
 def _after_fork_in_child() -> None:
