@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 
@@ -88,3 +89,21 @@ def evict(*paths) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def byte_level_bpe(texts: Iterable[str], path: Path, vocab_size: int) -> Path:
+    """A tiny GPT-2-style byte-level BPE (``<|endoftext|>`` its special token) trained here on
+    ``texts`` and saved as a tokenizers JSON file at ``path``: the tokenize tests' encoder."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.save(str(path))
+    return path

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import byte_level_bpe
 from tokstream import cli, open_tokens
 from tokstream.formats import tokenized
 from tokstream.tokenize import tokenize_files
@@ -28,18 +29,8 @@ EOS = "<|endoftext|>"
 
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tokenizer.train_from_iterator(TEXTS, trainer)
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
-    tokenizer.save(str(path))
-    return path
+    return byte_level_bpe(TEXTS, path, vocab_size=400)
 
 
 @pytest.fixture(scope="module")

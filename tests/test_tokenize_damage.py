@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import byte_level_bpe
 from tokstream import cli, open_tokens
 from tokstream.formats import tokenized
 from tokstream.tokenize import tokenize_files
@@ -27,19 +28,8 @@ TEXTS = [f"line {i} of some text to tokenize, {'more ' * (i % 4)}words" for i in
 
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(TEXTS, trainer)
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
-    tokenizer.save(str(path))
-    return path
+    return byte_level_bpe(TEXTS, path, vocab_size=300)
 
 
 def run(*argv: str) -> tuple[int, str, str]:

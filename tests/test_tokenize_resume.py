@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import byte_level_bpe
 from tokstream import cli, open_tokens
 from tokstream.formats import tokenized
 from tokstream.tokenize import job, progress, tokenize_files
@@ -31,19 +32,8 @@ TEXTS = [f"text {i}: {'lorem ipsum ' * (i % 7)}dolor {i * 13} sit amet" for i in
 
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=350,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(TEXTS[:500], trainer)
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
-    tokenizer.save(str(path))
-    return path
+    return byte_level_bpe(TEXTS[:500], path, vocab_size=350)
 
 
 @pytest.fixture
