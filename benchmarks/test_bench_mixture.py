@@ -23,7 +23,7 @@ def check_first_mixture_batch(mixture, block: int, batch_size: int, seed: int) -
     stream = stream_token_source(mixture, block, batch_size, seed=seed)
     windows, next_tokens = next(stream)
     index = stream._order.batch_windows(Cursor(0, 0, None), batch_size)
-    starts = stream._gather.token_starts(index)
+    starts = stream._space.token_starts(index)
     tokens = np.concatenate(mixture.corpus.shards)
     assert np.array_equal(windows, np.stack([tokens[s : s + block] for s in starts]))
     assert np.array_equal(next_tokens, tokens[starts + block])

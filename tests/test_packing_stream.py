@@ -193,7 +193,7 @@ def test_the_compiled_fill_is_the_oracle_s_over_shards_of_any_dtype(dtype):
     stream = stream_token_source(
         corpus, 16, 7, windows="packed", pad=101, epochs=2, extras=EXTRAS, seed=3
     )
-    space, rows = stream._gather, stream.batches_per_epoch
+    space, rows = stream._space, stream.batches_per_epoch
     for step, batch in enumerate(stream):
         epoch, first = divmod(step, rows)
         samples = np.arange(first * 7, min((first + 1) * 7, space.num_windows))

@@ -99,7 +99,7 @@ def test_consumer_that_stops_early_leaves_no_thread_once_closed():
 def test_producer_error_reaches_the_consumer_in_order(monkeypatch):
     stream = stream_token_source(IDS, 8, 16, prefetch=2, shuffle=False)
     calls = {"n": 0}
-    real = stream._gather
+    real = stream._fill
 
     def failing_gather(*args, **kwargs):
         calls["n"] += 1
@@ -107,7 +107,7 @@ def test_producer_error_reaches_the_consumer_in_order(monkeypatch):
             raise RuntimeError("disk went away")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(stream, "_gather", failing_gather)
+    monkeypatch.setattr(stream, "_fill", failing_gather)
     next(stream), next(stream)
     with pytest.raises(RuntimeError, match="disk went away"):
         next(stream)

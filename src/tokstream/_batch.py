@@ -1,4 +1,4 @@
-"""What a batch holds: its buffers, how the gather fills them, and the document extras.
+"""What a batch holds: its buffers, which kernel fills them, and the document extras.
 
 Without ``extras`` a batch is the tuple ``(windows, targets)``. With any extra it is a dict:
 ``"input_ids"`` (the windows), ``"labels"`` (the targets, as ``targets=`` says) and the extras
@@ -26,9 +26,12 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from tokstream._kernels.documents import document_pieces
+from tokstream._kernels.documents import document_pieces, gather_documents
+from tokstream._kernels.gather import gather_at, gather_windows
+from tokstream._kernels.pack import fill_packed
 from tokstream._options import StreamOptions
-from tokstream._space import WindowSpace
+from tokstream._packed import PackedSpace
+from tokstream._space import WindowSpace, cache_ahead
 
 #: A batch: ``(windows, targets)``, or with extras a dict of arrays (and ``"max_seqlen"``, an
 #: int, beside ``"cu_seqlens"``).
@@ -124,14 +127,192 @@ def rows_of(buffers: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]
     return {name: buffer[:count] for name, buffer in buffers.items()}
 
 
-def fill(gather: WindowSpace, windows_index: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
+class WindowFill:
+    """Which kernel fills a batch's buffers with the windows of a :class:`WindowSpace`.
+
+    A space of one segment in one shard maps window indices to first tokens in the gather
+    itself; any other space has each window looked up (its address, one kernel call) and then
+    copied from its address by one more call, whatever shards the windows lie in; a batch with
+    document extras is copied by the document kernel, which also writes them. The kernels are
+    taken specialised for the corpus dtype once, so no batch pays the fused-type dispatch.
+    """
+
+    def __init__(self, space: WindowSpace, options: StreamOptions) -> None:
+        self.space = space
+        self._block = space.block
+        dtype = space.corpus.dtype
+        key = f"{dtype.name}_t"
+        self._gather_windows = gather_windows.__signatures__[key]
+        self._gather_at = gather_at.__signatures__[key]
+        self._gather_documents = gather_documents.__signatures__[key]
+        # Selects the kernels' specialisation only; the windows are read from their addresses.
+        self._anchor = np.empty(0, dtype)
+        # Windows whose cache lines the kernels request ahead of the copy (0: none).
+        self._cache_ahead = cache_ahead(space.block, dtype) if space.random_order else 0
+        self._one_shard = space.one_shard
+        self._documents = space.documents
+
+    def __call__(
+        self,
+        windows_index: np.ndarray,
+        windows: np.ndarray,
+        next_tokens: np.ndarray | None = None,
+        targets: np.ndarray | None = None,
+        position_ids: np.ndarray | None = None,
+        label_continues: np.ndarray | None = None,
+        document_ids: np.ndarray | None = None,
+    ) -> None:
+        """Fill ``windows`` (and ``next_tokens`` or ``targets``) for global ``windows_index``.
+
+        With ``position_ids``, ``label_continues`` or ``document_ids`` (any of them) also the
+        rows' document positions, their loss mask or each token's piece within its row.
+
+        Raises ValueError when a buffer's shape is not the batch's (see :func:`check_shapes`).
+        """
+        check_shapes(
+            windows_index.shape[0], self._block, windows, next_tokens, targets, position_ids,
+            label_continues, document_ids,
+        )  # fmt: skip
+        documents = not (position_ids is None and label_continues is None and document_ids is None)
+        if self._one_shard is not None and not documents:
+            # One segment in one shard: the kernel maps indices to first tokens itself.
+            shard, stride, base = self._one_shard
+            self._gather_windows(
+                shard, windows_index, windows, next_tokens, targets, self._cache_ahead, stride, base
+            )
+            return
+        starts, addresses = self.space.locate(windows_index)
+        if not documents:
+            self._gather_at(
+                self._anchor, addresses, windows, next_tokens, targets, self._cache_ahead
+            )
+            return
+        document_starts, document_buckets, document_shift, eos, use_eos = self._documents
+        self._gather_documents(
+            self._anchor,
+            addresses,
+            starts,
+            windows,
+            next_tokens,
+            targets,
+            self._cache_ahead,
+            document_starts,
+            document_buckets,
+            document_shift,
+            eos,
+            use_eos,
+            position_ids,
+            label_continues,
+            document_ids,
+            np.empty((windows_index.shape[0], 3), np.int64),
+        )
+
+
+class PackedFill:
+    """Which kernel fills a batch's buffers with the rows of a :class:`PackedSpace`: the
+    packed-row kernel, once per run of rows of one group (the space checks each group's table
+    of pieces before any of its rows is copied)."""
+
+    def __init__(self, space: PackedSpace, options: StreamOptions) -> None:
+        self.space = space
+        self._block = space.block
+        self._pad = space.pad
+        dtype = space.corpus.dtype
+        self._fill_packed = fill_packed.__signatures__[f"{dtype.name}_t"]
+        # Selects the kernel's specialisation only; the pieces are read from their addresses.
+        self._anchor = np.empty(0, dtype)
+
+    def __call__(
+        self,
+        windows_index: np.ndarray,
+        windows: np.ndarray,
+        next_tokens: np.ndarray | None = None,
+        targets: np.ndarray | None = None,
+        position_ids: np.ndarray | None = None,
+        label_continues: np.ndarray | None = None,
+        document_ids: np.ndarray | None = None,
+    ) -> None:
+        """:meth:`WindowFill.__call__` for packed rows, whose labels are always ``targets``
+        and whose loss mask is per label."""
+        check_shapes(
+            windows_index.shape[0], self._block, windows, next_tokens, targets, position_ids,
+            label_continues, document_ids, shifted_only=True,
+        )  # fmt: skip
+        for first, rows, (row_offsets, addresses, lengths) in self.space.row_runs(windows_index):
+            self._fill_packed(
+                self._anchor,
+                addresses,
+                lengths,
+                row_offsets,
+                rows,
+                first,
+                self._pad,
+                windows,
+                targets,
+                label_continues,
+                position_ids,
+                document_ids,
+            )
+
+
+#: A batch's filler: the kernel calls for a window space or a packed one.
+Fill: TypeAlias = WindowFill | PackedFill
+
+
+def filler(space: WindowSpace | PackedSpace, options: StreamOptions) -> Fill:
+    """The filler of a stream's batches over ``space``."""
+    if isinstance(space, PackedSpace):
+        return PackedFill(space, options)
+    return WindowFill(space, options)
+
+
+def check_shapes(
+    rows: int,
+    block: int,
+    windows: np.ndarray,
+    next_tokens: np.ndarray | None,
+    targets: np.ndarray | None,
+    position_ids: np.ndarray | None,
+    label_continues: np.ndarray | None,
+    document_ids: np.ndarray | None,
+    *,
+    shifted_only: bool = False,
+) -> None:
+    """Raise ValueError unless every buffer given is the shape of a batch of ``rows`` windows.
+
+    The kernels take their row count and width from the buffers, and a caller can reshape an
+    array it was handed (``x.shape = ...``) in place, which must never make them write past
+    its end. ``shifted_only``: the kernel writes ``targets`` and a loss mask per label only
+    (packed rows), so ``targets`` must be given and ``next_tokens`` not.
+    """
+    wide = (rows, block)
+    if shifted_only and (
+        next_tokens is not None
+        or targets is None
+        or (label_continues is not None and label_continues.shape != wide)
+    ):
+        raise ValueError(f"a packed batch's buffers are {wide} targets and a per-label loss mask")
+    if (
+        windows.shape != wide
+        or (next_tokens is not None and next_tokens.shape != (rows,))
+        or (targets is not None and targets.shape != wide)
+        or (position_ids is not None and position_ids.shape != wide)
+        or (label_continues is not None and label_continues.shape not in (wide, (rows, 1)))
+        or (document_ids is not None and document_ids.shape != wide)
+    ):
+        raise ValueError(
+            f"a batch buffer is not {wide} (windows {windows.shape}): reshaped in place?"
+        )
+
+
+def fill(filling: Fill, windows_index: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
     """Have the kernels copy windows ``windows_index`` (and their positions) into ``buffers``.
 
     The order's own extras (a mixture's ``"source"``) are the order's to fill.
     """
     labels = buffers["labels"]
     next_tokens, targets = (labels, None) if labels.ndim == 1 else (None, labels)
-    gather(
+    filling(
         windows_index,
         buffers["input_ids"],
         next_tokens,
@@ -141,7 +322,7 @@ def fill(gather: WindowSpace, windows_index: np.ndarray, buffers: dict[str, np.n
         buffers.get("document_ids"),
     )
     if "origin" in buffers:
-        write_origins(gather, windows_index, buffers["origin"])
+        write_origins(filling.space, windows_index, buffers["origin"])
 
 
 def write_origins(space: Any, windows_index: np.ndarray, out: np.ndarray) -> None:

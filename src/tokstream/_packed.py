@@ -1,8 +1,9 @@
 """A packed stream's samples through the stream's interfaces: its window space and its order.
 
 :class:`PackedSpace` stands where :class:`tokstream._space.WindowSpace` stands for windows: it
-numbers the samples (``num_windows`` rows per epoch) and fills a batch's buffers, here through
-:func:`tokstream._kernels.pack.fill_packed`. :class:`PackedOrder` is the window order over row
+numbers the samples (``num_windows`` rows per epoch) and says which pieces each row holds, as
+the checked tables :func:`tokstream._kernels.pack.fill_packed` copies from (the call itself is
+:mod:`tokstream._batch`'s). :class:`PackedOrder` is the window order over row
 positions, so ranks, ``drop_last``, the epoch tail, the state dict and elastic resume are the
 windows' own.
 """
@@ -10,10 +11,10 @@ windows' own.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 
 import numpy as np
 
-from tokstream._kernels.pack import fill_packed
 from tokstream._options import StreamOptions
 from tokstream._order import WindowOrder
 from tokstream._state import Cursor
@@ -48,7 +49,6 @@ class PackedSpace:
         self._shard_starts = corpus.shard_starts.copy()
         self._shard_ends = self._shard_starts + corpus.lengths
         self._shard_addresses = np.array([s.ctypes.data for s in self._shards], np.uint64)
-        self._kernel = fill_packed.__signatures__[f"{corpus.dtype.name}_t"]
         # ((group, epoch), its checked table): the last group filled from.
         self._cached: tuple[tuple[int, int], tuple[np.ndarray, ...]] | None = None
 
@@ -60,25 +60,14 @@ class PackedSpace:
         digest.update(str(packing.group_documents).encode())
         return digest.hexdigest()
 
-    def __call__(
-        self,
-        windows_index: np.ndarray,
-        windows: np.ndarray,
-        next_tokens: np.ndarray | None = None,
-        targets: np.ndarray | None = None,
-        position_ids: np.ndarray | None = None,
-        label_continues: np.ndarray | None = None,
-        document_ids: np.ndarray | None = None,
-    ) -> None:
-        """Fill a batch's buffers with the rows of ``windows_index`` (see the class).
-
-        Raises ValueError when a buffer is not the batch's shape (a caller can reshape an array
-        it was handed in place), which must never make the kernel write past its end.
-        """
-        rows, wide = windows_index.shape[0], (windows_index.shape[0], self.block)
-        buffers = (windows, targets, position_ids, label_continues, document_ids)
-        if next_tokens is not None or any(b is not None and b.shape != wide for b in buffers):
-            raise ValueError(f"a batch buffer is not {wide}: reshaped in place?")
+    def row_runs(
+        self, windows_index: np.ndarray
+    ) -> Iterator[tuple[int, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+        """``(first row, table rows, table)`` for each run of the batch's rows that lie in one
+        group: the batch's rows ``first, first + 1, ...`` are rows ``table rows`` of that
+        group's checked table ``(row offsets, piece addresses, piece lengths)`` (see
+        :meth:`_table`), which :func:`tokstream._kernels.pack.fill_packed` copies from."""
+        rows = windows_index.shape[0]
         if not rows:
             return
         epoch, positions = np.divmod(windows_index, max(1, self.num_windows))
@@ -89,24 +78,11 @@ class PackedSpace:
         runs = np.flatnonzero(slots[1:] != slots[:-1]) + 1
         for first, end in zip([0, *runs.tolist()], [*runs.tolist(), rows], strict=True):
             slot = int(slots[first])
-            row_offsets, addresses, lengths = self._table(int(order[slot]), epoch)
+            table = self._table(int(order[slot]), epoch)
             local = positions[first:end] - offsets[slot]
-            if local[0] < 0 or local[-1] >= row_offsets.shape[0] - 1:
+            if local[0] < 0 or local[-1] >= table[0].shape[0] - 1:
                 raise RuntimeError("a packed sample outside its group: a packing bug")
-            self._kernel(
-                self._shards[0],
-                addresses,
-                lengths,
-                row_offsets,
-                local,
-                first,
-                self.pad,
-                windows,
-                targets,
-                label_continues,
-                position_ids,
-                document_ids,
-            )
+            yield first, local, table
 
     def _table(self, group: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(row offsets, piece addresses, piece lengths)`` of a group's rows in streamed

@@ -1,10 +1,10 @@
 """The window index space of a corpus: segments, their buckets, each window's first token.
 
 For one ``block``, ``stride`` and window policy, :class:`WindowSpace` numbers the corpus'
-windows (O(segments) memory: shards, or documents for ``windows="within"``), finds where each
-lies (its segment, its first token and that token's address, by the lookup kernel) and fills
-a batch's buffers for a list of window indices: a lookup and one copy, whatever shards the
-windows lie in (a window of a single segment needs no lookup).
+windows (O(segments) memory: shards, or documents for ``windows="within"``) and finds where
+each lies: its segment, its first token and that token's address (by the lookup kernel, one
+call a batch whatever shards the windows lie in; a space of one segment needs no lookup). Which
+kernel then copies the windows into a batch's buffers is :mod:`tokstream._batch`'s business.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from tokstream._kernels.advice import advise_windows
-from tokstream._kernels.documents import gather_documents
-from tokstream._kernels.gather import gather_at, gather_windows, lookup_windows
+from tokstream._kernels.gather import lookup_windows
 from tokstream._options import StreamOptions
 from tokstream._windowing import capped_stride, cumulative, windows_per_segment
 from tokstream.corpus import Corpus, frozen
@@ -60,14 +59,12 @@ class WindowSpace:
     documents but never shards) or, given ``document_boundaries``, the documents
     (``windows="within"``). Global index ``w`` is window ``w - offsets[j]`` of the segment ``j``
     it falls in; only segments that hold a window are kept, so the space costs O(segments).
-    Every index handed to :meth:`__call__` must lie in ``[0, num_windows)``; the stream
-    guarantees it. ``random_order`` says whether the kernel should request windows into the
-    cache ahead of the copy: worth it for a random order, wasted instructions for consecutive
-    windows.
+    Every index handed to :meth:`locate` must lie in ``[0, num_windows)``; the stream
+    guarantees it. ``random_order`` says whether the windows come in a random order (the
+    kernels then request windows into the cache ahead of the copy, see :func:`cache_ahead`).
 
-    With ``documents`` the gather also fills the rows' position ids and whether each label
-    continues its document, from the corpus' recorded documents and, given ``eos``, from the
-    tokens themselves.
+    :attr:`documents` says where documents start (the corpus' recorded documents and, given
+    ``eos``, the token that ends one), for the rows' position ids and loss mask.
     """
 
     def __init__(
@@ -83,8 +80,6 @@ class WindowSpace:
         self.corpus = corpus
         self.block = block
         self.random_order = random_order
-        # Windows whose cache lines the kernel requests ahead of the copy (0: none).
-        self._cache_ahead = cache_ahead(block, corpus.dtype) if random_order else 0
         # Private copies: the kernel's bounds come only from what was validated here.
         self._shards = corpus.shards
         self._shard_starts = corpus.shard_starts.copy()
@@ -106,13 +101,9 @@ class WindowSpace:
             self._offsets
         )
         self._single = self._shards[0] if len(self._shards) == 1 else None
-        # The kernels specialised for the corpus dtype (keyed by its C type, e.g. "uint16_t"), so
-        # no batch pays the fused-type dispatch.
-        key = f"{corpus.dtype.name}_t"
-        self._kernel = gather_windows.__signatures__[key]
-        self._kernel_at = gather_at.__signatures__[key]
-        self._documents = gather_documents.__signatures__[key]
-        self._advise = advise_windows.__signatures__[key]
+        # Read-ahead advice specialised for the corpus dtype (keyed by its C type, e.g.
+        # "uint16_t"), so no call pays the fused-type dispatch.
+        self._advise = advise_windows.__signatures__[f"{corpus.dtype.name}_t"]
         # Each segment's first-token address and its length: every segment lies in one shard
         # (a shard starts every document), found as the last shard starting at or before it;
         # the addresses stay valid as long as ``self._shards`` lives. Frozen: nothing a caller
@@ -175,77 +166,33 @@ class WindowSpace:
         )
         return starts
 
-    def __call__(
-        self,
-        windows_index: np.ndarray,
-        windows: np.ndarray,
-        next_tokens: np.ndarray | None = None,
-        targets: np.ndarray | None = None,
-        position_ids: np.ndarray | None = None,
-        label_continues: np.ndarray | None = None,
-        document_ids: np.ndarray | None = None,
-    ) -> None:
-        """Fill ``windows`` (and ``next_tokens`` or ``targets``) for global ``windows_index``.
+    def locate(self, windows_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(first tokens, their addresses)`` of the windows: where the kernels copy from.
 
-        With ``position_ids``, ``label_continues`` or ``document_ids`` (any of them) also the
-        rows' document positions, their loss mask or each token's piece within its row.
-
-        Raises ValueError when a buffer's shape is not the batch's: the kernels take their
-        row count and width from the buffers, and a caller can reshape an array it was handed
-        (``x.shape = ...``) in place, which must never make them write past its end.
+        The addresses stay valid while this space lives (it holds the shards).
         """
-        rows, wide = windows_index.shape[0], (windows_index.shape[0], self.block)
-        if (
-            windows.shape != wide
-            or (next_tokens is not None and next_tokens.shape != (rows,))
-            or (targets is not None and targets.shape != wide)
-            or (position_ids is not None and position_ids.shape != wide)
-            or (label_continues is not None and label_continues.shape not in (wide, (rows, 1)))
-            or (document_ids is not None and document_ids.shape != wide)
-        ):
-            raise ValueError(
-                f"a batch buffer is not {wide} (windows {windows.shape}): reshaped in place?"
-            )
-        documents = not (position_ids is None and label_continues is None and document_ids is None)
-        if self._single is not None and self._one_segment_base is not None and not documents:
-            # One segment in one shard: the kernel maps indices to first tokens itself.
-            self._kernel(
-                self._single,
-                windows_index,
-                windows,
-                next_tokens,
-                targets,
-                self._cache_ahead,
-                self._stride,
-                self._one_segment_base,
-            )
-            return
-        # Any other index space: each window's segment looked up in one kernel call, then
-        # every window copied from its address in one more, whatever shards it lies in.
         addresses = np.empty(windows_index.shape[0], np.uint64)
-        starts = self._lookup(windows_index, addresses)
-        if not documents:
-            self._kernel_at(
-                self._shards[0], addresses, windows, next_tokens, targets, self._cache_ahead
-            )
-            return
-        self._documents(
-            self._shards[0],
-            addresses,
-            starts,
-            windows,
-            next_tokens,
-            targets,
-            self._cache_ahead,
+        return self._lookup(windows_index, addresses), addresses
+
+    @property
+    def one_shard(self) -> tuple[np.ndarray, int, int] | None:
+        """``(shard, stride, base)`` when every window lies in one segment of one shard: window
+        ``w`` then starts at token ``base + stride * w`` of that shard, no lookup needed."""
+        if self._single is None or self._one_segment_base is None:
+            return None
+        return self._single, self._stride, self._one_segment_base
+
+    @property
+    def documents(self) -> tuple[np.ndarray, np.ndarray, int, int, bool]:
+        """``(document starts, their buckets, the buckets' shift, eos, whether eos is used)``:
+        where documents start inside the corpus (positions in the shards laid end to end,
+        frozen), as the document kernel reads them (see :func:`document_buckets`)."""
+        return (
             self._document_starts,
             self._document_buckets,
             self._document_shift,
             self._eos,
             self._use_eos,
-            position_ids,
-            label_continues,
-            document_ids,
-            np.empty((windows_index.shape[0], 3), np.int64),
         )
 
     def advise(self, windows_index: np.ndarray, sample: int) -> int:

@@ -76,17 +76,18 @@ class TokenStream(Iterator[Batch]):
         self._corpus = corpus
         self._options = options
         packed = options.windows == "packed"
-        self._gather = PackedSpace(corpus, options) if packed else window_space(corpus, options)
+        self._space = PackedSpace(corpus, options) if packed else window_space(corpus, options)
+        self._fill = _batch.filler(self._space, options)
         corpus.advise(options.shuffle)
         if isinstance(source, Mixture):
-            self._order: WindowOrder = MixtureOrder(source, self._gather, options)
+            self._order: WindowOrder = MixtureOrder(source, self._space, options)
         else:
             order_type = PackedOrder if packed else WindowOrder
-            self._order = order_type(self._gather.num_windows, options)
+            self._order = order_type(self._space.num_windows, options)
         # Random windows of a memory-mapped corpus are read ahead; sequential ones are left to
         # the OS's own read-ahead (MADV_SEQUENTIAL), arrays in RAM need none.
         self._readahead = (
-            ReadAhead(self._order, self._gather, options.batch_size)
+            ReadAhead(self._order, self._space, options.batch_size)
             if options.shuffle
             and not packed
             and advice.AVAILABLE
@@ -227,7 +228,7 @@ class TokenStream(Iterator[Batch]):
                 if options.reuse_buffers
                 else self._fresh.take_named(count)
             )
-            _batch.fill(self._gather, windows_index, buffers)
+            _batch.fill(self._fill, windows_index, buffers)
             order.fill_extras(windows_index, buffers)
             batch = _batch.assemble(buffers, options.extras)
         else:
@@ -240,9 +241,9 @@ class TokenStream(Iterator[Batch]):
             else:
                 windows, labels = self._fresh.take(count)
             if options.targets == "next":
-                self._gather(windows_index, windows, labels)
+                self._fill(windows_index, windows, labels)
             else:
-                self._gather(windows_index, windows, None, labels)
+                self._fill(windows_index, windows, None, labels)
             batch = windows, labels
         # The cursor moves in one assignment, so an interrupt leaves it before or after.
         self._cursor = order.after(cursor)
@@ -296,7 +297,7 @@ class TokenStream(Iterator[Batch]):
         # Made on first use: within documents it hashes O(documents) arrays, a cost a stream
         # that never saves or loads a state should not pay.
         return {
-            **_state.fingerprint(self._corpus, self._options, self._gather),
+            **_state.fingerprint(self._corpus, self._options, self._space),
             **self._order.fingerprint(),
         }
 
