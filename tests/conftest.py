@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 # Test modules that need an optional extra; without it installed they are left out of the run
 # (and the run's header says so), so that `pip install ".[test]" && pytest` passes anywhere.
@@ -31,6 +32,59 @@ def pytest_report_header() -> list[str]:
         f"not collected, {NEEDS_EXTRA[module]} is not installed: {module}"
         for module in collect_ignore
     ]
+
+
+# ---- object storage: a real S3 server process and a fault-injecting proxy (tests/object_store.py)
+# Session-scoped processes on 127.0.0.1, skipped without moto's server; each test gets its own
+# bucket and the standard AWS variables of a client that reaches it, straight or by the proxy.
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator:
+    for module in ("moto", "flask", "boto3"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"the S3 server needs moto[server] ({module} is not installed)")
+    from tests.object_store import S3Server
+
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def fault_proxy(s3_server) -> Iterator:
+    from tests.object_store import FaultProxy
+
+    proxy = FaultProxy(s3_server)
+    yield proxy
+    proxy.stop()
+
+
+def _use_bucket(monkeypatch, bucket):
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    for name, value in bucket.env.items():
+        monkeypatch.setenv(name, value)
+    return bucket
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch):
+    """A new bucket on the S3 server, the environment set for a client to reach it directly."""
+    from tests.object_store import Bucket
+
+    return _use_bucket(monkeypatch, Bucket(s3_server))
+
+
+@pytest.fixture
+def proxied_bucket(s3_server, fault_proxy, monkeypatch) -> Iterator:
+    """A new bucket reached through the fault proxy (no delay, no rule until the test sets them
+    with ``proxied_bucket.proxy.configure``); the proxy is reset after the test."""
+    from tests.object_store import Bucket
+
+    fault_proxy.configure()
+    yield _use_bucket(monkeypatch, Bucket(s3_server, fault_proxy))
+    fault_proxy.configure()
 
 
 # Every token dtype the compiled kernel reads in place, without a conversion.
