@@ -150,7 +150,6 @@ class WindowFill:
         # Windows whose cache lines the kernels request ahead of the copy (0: none).
         self._cache_ahead = cache_ahead(space.block, dtype) if space.random_order else 0
         self._one_shard = space.one_shard
-        self._documents = space.documents
 
     def __call__(
         self,
@@ -181,31 +180,33 @@ class WindowFill:
                 shard, windows_index, windows, next_tokens, targets, self._cache_ahead, stride, base
             )
             return
-        starts, addresses = self.space.locate(windows_index)
-        if not documents:
-            self._gather_at(
-                self._anchor, addresses, windows, next_tokens, targets, self._cache_ahead
+        starts, addresses, readable = self.space.locate(windows_index)
+        # The addresses are valid until readable is released (shards read on demand).
+        with readable:
+            if not documents:
+                self._gather_at(
+                    self._anchor, addresses, windows, next_tokens, targets, self._cache_ahead
+                )
+                return
+            document_starts, document_buckets, document_shift, eos, use_eos = self.space.documents
+            self._gather_documents(
+                self._anchor,
+                addresses,
+                starts,
+                windows,
+                next_tokens,
+                targets,
+                self._cache_ahead,
+                document_starts,
+                document_buckets,
+                document_shift,
+                eos,
+                use_eos,
+                position_ids,
+                label_continues,
+                document_ids,
+                np.empty((windows_index.shape[0], 3), np.int64),
             )
-            return
-        document_starts, document_buckets, document_shift, eos, use_eos = self._documents
-        self._gather_documents(
-            self._anchor,
-            addresses,
-            starts,
-            windows,
-            next_tokens,
-            targets,
-            self._cache_ahead,
-            document_starts,
-            document_buckets,
-            document_shift,
-            eos,
-            use_eos,
-            position_ids,
-            label_continues,
-            document_ids,
-            np.empty((windows_index.shape[0], 3), np.int64),
-        )
 
 
 class PackedFill:

@@ -17,6 +17,7 @@ import numpy as np
 from tokstream._kernels.advice import advise_windows
 from tokstream._kernels.gather import lookup_windows
 from tokstream._options import StreamOptions
+from tokstream._shardsource import Readable
 from tokstream._windowing import capped_stride, cumulative, windows_per_segment
 from tokstream.corpus import Corpus, frozen
 
@@ -100,7 +101,7 @@ class WindowSpace:
         self._bucket_shift, self._bucket_segments, self._bucket_probes = _segment_buckets(
             self._offsets
         )
-        self._single = self._shards[0] if len(self._shards) == 1 else None
+        self._single = self._shards[0] if len(self._shards) == 1 and corpus.source is None else None
         # Read-ahead advice specialised for the corpus dtype (keyed by its C type, e.g.
         # "uint16_t"), so no call pays the fused-type dispatch.
         self._advise = advise_windows.__signatures__[f"{corpus.dtype.name}_t"]
@@ -109,22 +110,27 @@ class WindowSpace:
         # the addresses stay valid as long as ``self._shards`` lives. Frozen: nothing a caller
         # can do makes the kernels' bounds writeable.
         shard_of = np.searchsorted(self._shard_starts, self._segment_starts, side="right") - 1
-        shard_addresses = np.array([shard.ctypes.data for shard in self._shards], np.uint64)
         local = (self._segment_starts - self._shard_starts[shard_of]).astype(np.uint64)
-        self._segment_addresses = frozen(
-            shard_addresses[shard_of] + local * np.uint64(corpus.dtype.itemsize)
-        )
+        local *= np.uint64(corpus.dtype.itemsize)
+        self._source = corpus.source
+        if self._source is None:
+            shard_addresses = np.array([shard.ctypes.data for shard in self._shards], np.uint64)
+            self._segment_addresses = frozen(shard_addresses[shard_of] + local)
+        else:
+            # Shards read on demand have no address yet: a segment's "address" holds its shard
+            # above bit ``_shard_shift`` and its byte offset in the shard below; :meth:`locate`
+            # asks the source for the real ones (see tokstream._shardsource).
+            largest = int(corpus.lengths.max(initial=0)) * corpus.dtype.itemsize
+            self._shard_shift = max(1, largest.bit_length())
+            if self._shard_shift + max(1, len(self._shards) - 1).bit_length() > 63:
+                raise ValueError("too many shards, or shards too large, for 64-bit addresses")
+            shards = shard_of.astype(np.uint64) << np.uint64(self._shard_shift)
+            self._segment_addresses = frozen(shards + local)
         self._segment_lengths = frozen(segment_lengths[kept].astype(np.int64))
         self._eos = 0 if eos is None else eos
         self._use_eos = eos is not None
-        # The recorded document starts inside the corpus (positions in the shards laid end to
-        # end; a shard's own start is one) and their buckets (shift, counts).
-        boundaries, total = corpus.document_boundaries, corpus.num_tokens
-        inside = boundaries[(boundaries > 0) & (boundaries < total)]
-        self._document_starts = frozen(inside.astype(np.int64))
-        self._document_shift, self._document_buckets = document_buckets(
-            self._document_starts, total
-        )
+        # Made on first use (a manifest's documents are read then, not when a stream is made).
+        self._documents: tuple[np.ndarray, np.ndarray, int, int, bool] | None = None
 
     @property
     def offsets(self) -> np.ndarray:
@@ -166,13 +172,24 @@ class WindowSpace:
         )
         return starts
 
-    def locate(self, windows_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(first tokens, their addresses)`` of the windows: where the kernels copy from.
+    def locate(self, windows_index: np.ndarray) -> tuple[np.ndarray, np.ndarray, Readable]:
+        """``(first tokens, their addresses, what keeps them readable)`` of the windows: where
+        the kernels copy from.
 
-        The addresses stay valid while this space lives (it holds the shards).
+        The addresses are valid until the :class:`~tokstream._shardsource.Readable` is
+        released, and only until then: release it right after the kernel call. For shards in
+        hand that costs nothing (this space holds them); for shards read on demand the corpus'
+        source is asked to make each window's ``block + 1`` tokens readable (mapping shards).
         """
         addresses = np.empty(windows_index.shape[0], np.uint64)
-        return self._lookup(windows_index, addresses), addresses
+        starts = self._lookup(windows_index, addresses)
+        if self._source is None:
+            return starts, addresses, Readable(addresses)
+        shards = (addresses >> np.uint64(self._shard_shift)).astype(np.int64)
+        offsets = (addresses & np.uint64((1 << self._shard_shift) - 1)).astype(np.int64)
+        nbytes = (self.block + 1) * self.corpus.dtype.itemsize
+        readable = self._source.readable(shards, offsets, nbytes)
+        return starts, readable.addresses, readable
 
     @property
     def one_shard(self) -> tuple[np.ndarray, int, int] | None:
@@ -187,13 +204,12 @@ class WindowSpace:
         """``(document starts, their buckets, the buckets' shift, eos, whether eos is used)``:
         where documents start inside the corpus (positions in the shards laid end to end,
         frozen), as the document kernel reads them (see :func:`document_buckets`)."""
-        return (
-            self._document_starts,
-            self._document_buckets,
-            self._document_shift,
-            self._eos,
-            self._use_eos,
-        )
+        if self._documents is None:
+            boundaries, total = self.corpus.document_boundaries, self.corpus.num_tokens
+            inside = frozen(boundaries[(boundaries > 0) & (boundaries < total)].astype(np.int64))
+            shift, buckets = document_buckets(inside, total)
+            self._documents = (inside, buckets, shift, self._eos, self._use_eos)
+        return self._documents
 
     def advise(self, windows_index: np.ndarray, sample: int) -> int:
         """Ask the OS to start reading these windows, unless a sample of them is in memory.

@@ -18,7 +18,10 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
+from tokstream._arrays import document_starts, frozen, same_dtype_arrays
+from tokstream._arrays import read_only as _read_only
 from tokstream._filemap import FileMap, MappedFiles, file_map_of
+from tokstream._shardsource import LazyShards, ShardSource
 from tokstream._windowing import covered_tokens, cumulative, windows_per_segment
 
 #: A stream with ``eos=`` that does not scan every token anyway (``windows="within"`` does)
@@ -100,7 +103,7 @@ class Corpus:
             )
         if not documents:
             raise ValueError(f"{name} must hold at least one document")
-        arrays = _same_dtype_arrays(documents)
+        arrays = same_dtype_arrays(documents)
         if arrays is None:
             arrays = [_validate.token_array(d, f"{name}[{i}]") for i, d in enumerate(documents)]
             dtypes = {a.dtype for a in arrays}
@@ -141,7 +144,7 @@ class Corpus:
                 f"{name}: {len(document_offsets)} document boundary arrays for {len(arrays)} shards"
             )
         starts = [
-            _document_starts(offsets, int(length), shard_name)
+            document_starts(offsets, int(length), shard_name)
             for offsets, length, shard_name in zip(document_offsets, lengths, names, strict=True)
         ]
         shard_starts = np.zeros(len(arrays), dtype=np.int64)
@@ -154,11 +157,39 @@ class Corpus:
         )
         first_documents = np.zeros(len(arrays), dtype=np.int64)
         np.cumsum([len(s) for s in starts[:-1]], out=first_documents[1:])
-        self._shards: tuple[np.ndarray, ...] = tuple(arrays)
+        self._shards: Sequence[np.ndarray] = tuple(arrays)
+        self._source: ShardSource | None = None
+        self._dtype = arrays[0].dtype
         self._lengths = frozen(lengths)
-        self._shard_first_document = frozen(first_documents)
-        self._document_boundaries = frozen(boundaries)
+        self._shard_starts = frozen(shard_starts)
+        self._shard_first_document: np.ndarray | None = frozen(first_documents)
+        self._document_boundaries: np.ndarray | None = frozen(boundaries)
         self._has_documents = any(offsets is not None for offsets in document_offsets)
+        self._set_eos_tables()
+
+    @classmethod
+    def _from_source(cls, source: ShardSource, name: str) -> Corpus:
+        """A corpus whose shards are read on demand from ``source`` (a manifest's files).
+
+        Nothing is read here: lengths and dtype are the source's, the documents are read on
+        first use of :attr:`document_boundaries`, and a shard is mapped (and checked against
+        the source's table of contents) when a batch or :attr:`shards` first reads it.
+        """
+        if not len(source):
+            raise ValueError(f"{name} must hold at least one shard")
+        corpus = cls.__new__(cls)
+        corpus._shards = LazyShards(source)
+        corpus._source = source
+        corpus._dtype = source.dtype
+        corpus._lengths = source.lengths
+        corpus._shard_starts = frozen(cumulative(source.lengths)[:-1])
+        corpus._shard_first_document = None
+        corpus._document_boundaries = None
+        corpus._has_documents = source.document_counts() is not None
+        corpus._set_eos_tables()
+        return corpus
+
+    def _set_eos_tables(self) -> None:
         # eos token -> how many of the tokens looked at held it; the tokens warned about.
         self._eos_found: dict[int, int] = {}
         self._eos_warned: set[int] = set()
@@ -181,9 +212,15 @@ class Corpus:
         return cls._from_arrays([_validate.token_array(token_ids, name)], [name], name)
 
     @property
-    def shards(self) -> tuple[np.ndarray, ...]:
-        """The token arrays, one per shard (read-only attribute)."""
+    def shards(self) -> Sequence[np.ndarray]:
+        """The token arrays, one per shard (read-only attribute): a tuple, or for a corpus
+        opened from a manifest a sequence that maps (and checks) a shard when it is indexed."""
         return self._shards
+
+    @property
+    def source(self) -> ShardSource | None:
+        """Where shards read on demand come from (None: every shard is an array in hand)."""
+        return self._source
 
     @property
     def lengths(self) -> np.ndarray:
@@ -199,19 +236,36 @@ class Corpus:
     def document_boundaries(self) -> np.ndarray:
         """Each document's first token in the shards laid end to end, then the token count.
 
-        Read-only int64, nondecreasing, O(documents). Every shard starts a document.
+        Read-only int64, nondecreasing, O(documents). Every shard starts a document. A corpus
+        opened from a manifest reads them on first use.
         """
+        if self._document_boundaries is None:
+            self._load_documents()
+        assert self._document_boundaries is not None
         return self._document_boundaries
+
+    def _load_documents(self) -> None:
+        assert self._source is not None
+        counts = self._source.document_counts()
+        boundaries = self._source.document_boundaries()
+        if counts is None or boundaries is None:
+            counts = np.ones(self._lengths.shape[0], np.int64)
+            boundaries = np.append(self._shard_starts, self.num_tokens)
+        first = cumulative(counts)
+        # The source checked its documents against its own lengths: each shard's first
+        # document starts at the shard's first token.
+        self._shard_first_document = frozen(first[:-1])
+        self._document_boundaries = frozen(boundaries)
 
     @property
     def document_lengths(self) -> np.ndarray:
         """Tokens per document, in order (a shard without recorded documents is one)."""
-        return np.diff(self._document_boundaries)
+        return np.diff(self.document_boundaries)
 
     @property
     def dtype(self) -> np.dtype:
         """The dtype every shard is stored in."""
-        return self.shards[0].dtype
+        return self._dtype
 
     @property
     def num_tokens(self) -> int:
@@ -229,6 +283,8 @@ class Corpus:
         # file, offset and dtype, and is mapped again where it is unpickled (a spawned
         # DataLoader worker), instead of as a copy.
         state = self.__dict__.copy()
+        if self._source is not None:
+            return state  # the source pickles as its table of contents
         files = MappedFiles()
         state["_shards"] = tuple(
             file_map_of(shard) or files.region(shard) or shard for shard in self._shards
@@ -236,6 +292,9 @@ class Corpus:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if state.get("_source") is not None:
+            self.__dict__.update(state)
+            return
         shards = state["_shards"] = tuple(np.asarray(shard) for shard in state["_shards"])
         for shard in shards:
             shard.flags.writeable = False  # unpickled arrays come back writeable
@@ -255,14 +314,14 @@ class Corpus:
     @property
     def shard_starts(self) -> np.ndarray:
         """Each shard's first token in the shards laid end to end (read-only int64)."""
-        starts: np.ndarray = self._document_boundaries[self._shard_first_document]
-        return starts
+        return self._shard_starts
 
     def shard_documents(self, shard: int) -> np.ndarray | None:
         """Shard ``shard``'s recorded document boundaries, from 0 to its length (None: none)."""
         if not self._has_documents:
             return None
-        starts, firsts = self._document_boundaries, self._shard_first_document
+        starts, firsts = self.document_boundaries, self._shard_first_document
+        assert firsts is not None
         last = firsts[shard + 1] if shard + 1 < firsts.shape[0] else starts.shape[0] - 1
         # A shard's first document starts at the shard's first token.
         return np.append(starts[firsts[shard] : last] - starts[firsts[shard]], self._lengths[shard])
@@ -284,7 +343,7 @@ class Corpus:
         # Two ascending runs, so a stable sort is one merge (np.unique would hash or sort
         # O(documents) values from scratch: seconds at 10^7 documents). A boundary both recorded
         # and after an eos (an eos ending a document or a shard) is kept once.
-        merged = np.sort(np.concatenate([self._document_boundaries, *after_eos]), kind="stable")
+        merged = np.sort(np.concatenate([self.document_boundaries, *after_eos]), kind="stable")
         first = np.ones(merged.shape[0], dtype=bool)
         np.not_equal(merged[1:], merged[:-1], out=first[1:])
         return _read_only(merged[first])
@@ -372,7 +431,7 @@ class Corpus:
         _validate.choice(windows, "windows", ("cross", "within"))
         if windows == "cross":
             return covered_tokens(self._lengths, block, stride)
-        boundaries = self._document_boundaries if eos is None else self.boundaries_with_eos(eos)
+        boundaries = self.document_boundaries if eos is None else self.boundaries_with_eos(eos)
         return covered_tokens(np.diff(boundaries), block, stride)
 
     def memory_maps(self) -> Iterator[mmap.mmap | FileMap]:
@@ -381,7 +440,11 @@ class Corpus:
         Found by following each shard's ``.base`` chain, which ends at the ``mmap.mmap`` for a
         ``np.memmap``, for ``np.load(..., mmap_mode=...)`` and for views of either, and at the
         :class:`~tokstream._filemap.FileMap` for a file :func:`tokstream.open_tokens` opened.
+        A corpus opened from a manifest yields the maps open now.
         """
+        if self._source is not None:
+            yield from self._source.memory_maps()
+            return
         seen: set[int] = set()
         for shard in self.shards:
             base: Any = shard
@@ -406,6 +469,8 @@ class Corpus:
         if advice is None or not hasattr(mmap.mmap, "madvise"):
             return 0
         advised = 0
+        if self._source is not None:
+            self._source.advise(advice)  # the maps made from now on too
         for mapping in self.memory_maps():
             try:
                 mapping.madvise(advice)
@@ -422,54 +487,3 @@ def _outside_tokstream() -> int:
     while frame is not None and frame.f_globals.get("__name__", "").startswith("tokstream"):
         frame, level = frame.f_back, level + 1
     return level
-
-
-def _read_only(array: np.ndarray) -> np.ndarray:
-    array.setflags(write=False)
-    return array
-
-
-def frozen(array: np.ndarray) -> np.ndarray:
-    """A read-only copy of ``array`` that nothing can make writeable again.
-
-    A flag alone is no protection: ``setflags(write=True)`` undoes it on any array that owns
-    its memory (or whose base does). The copy's memory is an immutable ``bytes`` object, so
-    NumPy refuses to make it, or any view of it, writeable. For the arrays the kernel's bounds
-    are computed from.
-    """
-    array = np.ascontiguousarray(array)
-    return np.frombuffer(array.tobytes(), dtype=array.dtype).reshape(array.shape)
-
-
-def _same_dtype_arrays(documents: Sequence[Any]) -> list[np.ndarray] | None:
-    """``documents`` as they are when all are 1-D ndarrays of one integer dtype, else None."""
-    first = documents[0]
-    if not isinstance(first, np.ndarray) or first.dtype.kind not in "iu":
-        return None
-    dtype = first.dtype
-    for document in documents:
-        if type(document) is not np.ndarray or document.dtype != dtype or document.ndim != 1:
-            return None
-    return list(documents)
-
-
-def _document_starts(offsets: np.ndarray | None, length: int, name: str) -> np.ndarray:
-    """Checked document start offsets of one shard (its boundaries less the final one)."""
-    if offsets is None:
-        return np.zeros(1, dtype=np.int64)
-    offsets = np.asarray(offsets)
-    # A lone [0] is an empty shard of no documents (Megatron's index of an empty partition, an
-    # Arrow record batch of no rows).
-    if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or offsets.shape[0] < 1:
-        raise ValueError(
-            f"{name}: document boundaries must be a 1-D integer array of at least 1 offset, "
-            f"got shape {offsets.shape} and dtype {offsets.dtype}"
-        )
-    offsets = offsets.astype(np.int64)
-    if offsets[0] != 0 or offsets[-1] != length or np.any(offsets[1:] < offsets[:-1]):
-        raise ValueError(
-            f"{name}: document boundaries must rise from 0 to the shard's {length} tokens, "
-            f"got {offsets[0]} ... {offsets[-1]}"
-            + (" with a decrease" if np.any(offsets[1:] < offsets[:-1]) else "")
-        )
-    return offsets[:-1]

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from tokstream import _validate
+from tokstream import _validate, manifest
 from tokstream.corpus import Corpus
 from tokstream.formats import arrow, detect, llmc, megatron, npy, raw, tokenized
 from tokstream.formats._common import PathLike, Shard, atomic_writer, existing_file, output_path
@@ -133,6 +133,7 @@ def open_tokens(
     *,
     format: str | None = None,
     column: str = arrow.DEFAULT_COLUMN,
+    max_open_maps: int | None = None,
 ) -> Corpus:
     """Open token files (or an in-memory Arrow table) as a read-only corpus, without copying.
 
@@ -144,7 +145,9 @@ def open_tokens(
         ``*``, ``?`` or ``[`` whose matches are taken in sorted order (a Megatron ``.bin`` and
         ``.idx`` pair counts once), so number shards with zero padding. A path that exists is
         never a pattern. Or a ``pyarrow.Table``, ``pyarrow.RecordBatch`` or
-        ``datasets.Dataset``.
+        ``datasets.Dataset``. Or a manifest (:mod:`tokstream.manifest`: a ``.json`` file
+        ``tokstream manifest`` wrote, or a directory holding ``manifest.json``): only it is
+        read, and each shard is mapped and checked against it when first read.
     dtype
         For raw ``.bin`` files, the stored token dtype (default uint16). For the formats that
         record their dtype, an expectation: a file of another dtype is an error.
@@ -153,6 +156,9 @@ def open_tokens(
         :data:`FORMATS` insists on it, and ``"bin"`` reads any file raw.
     column
         For Arrow data, the column of token lists (or of plain integer tokens).
+    max_open_maps
+        For a manifest: how many shard maps stay open at most (default 1024; the least
+        recently used is unmapped first, never while a batch reads it).
 
     Returns
     -------
@@ -182,6 +188,14 @@ def open_tokens(
     if not isinstance(column, str):
         raise TypeError(f"column must be a str, got {type(column).__name__}")
     want = None if dtype is None else _validate.integer_dtype(dtype, "dtype")
+    listed = manifest.find(path_or_paths_or_glob)
+    if listed is not None:
+        if format is not None:
+            raise ValueError(f"token file {listed[0]} is a manifest; format= does not apply")
+        custom = None if column == arrow.DEFAULT_COLUMN else column
+        return manifest.open_manifest(listed[0], want, custom, max_open_maps, body=listed[1])
+    if max_open_maps is not None:
+        raise ValueError("max_open_maps applies to a manifest; open_tokens got token files")
     if arrow.is_arrow_object(path_or_paths_or_glob):
         shards = arrow.read_object(path_or_paths_or_glob, column)
         return _corpus(shards, want, "Arrow table")
@@ -264,6 +278,27 @@ def _resolve_paths(spec: Any) -> list[Path]:
         "open_tokens takes a path, a glob pattern, a list of paths or an Arrow table, got "
         f"{type(spec).__name__}"
     )
+
+
+def input_paths(spec: Any) -> list[Path]:
+    """The files a path, a pattern or a list of paths and patterns names, in order."""
+    if isinstance(spec, (list, tuple)):
+        return [path for item in _resolve_paths(spec) for path in expand_pattern(item)]
+    return _resolve_paths(spec)
+
+
+def shards_with_formats(path: Path, want: np.dtype | None, column: str) -> list[tuple[Shard, str]]:
+    """The shards of one path :func:`input_paths` gave, each with its file's format."""
+    if os.path.isdir(path) and tokenized.is_directory(path):
+        found = str(tokenized.load(path)["format"])
+        return [(shard, found) for shard in tokenized.read(path)]
+    found = detect_format(path)
+    return [(shard, found) for shard in _open_one(path, want, found, column)]
+
+
+def shards_of(file: Path, want: np.dtype, format: str, column: str) -> list[Shard]:
+    """The shards of one token file read as ``format`` (what a manifest says it holds)."""
+    return _open_one(file, want, format, column)
 
 
 def _open_one(path: Path, want: np.dtype | None, format: str | None, column: str) -> list[Shard]:

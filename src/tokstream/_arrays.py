@@ -1,0 +1,59 @@
+"""The arrays a corpus hands out and bounds its streams by: frozen copies, checked documents."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
+
+
+def frozen(array: np.ndarray) -> np.ndarray:
+    """A read-only copy of ``array`` that nothing can make writeable again.
+
+    A flag alone is no protection: ``setflags(write=True)`` undoes it on any array that owns
+    its memory (or whose base does). The copy's memory is an immutable ``bytes`` object, so
+    NumPy refuses to make it, or any view of it, writeable. For the arrays the kernel's bounds
+    are computed from.
+    """
+    array = np.ascontiguousarray(array)
+    return np.frombuffer(array.tobytes(), dtype=array.dtype).reshape(array.shape)
+
+
+def same_dtype_arrays(documents: Sequence[Any]) -> list[np.ndarray] | None:
+    """``documents`` as they are when all are 1-D ndarrays of one integer dtype, else None."""
+    first = documents[0]
+    if not isinstance(first, np.ndarray) or first.dtype.kind not in "iu":
+        return None
+    dtype = first.dtype
+    for document in documents:
+        if type(document) is not np.ndarray or document.dtype != dtype or document.ndim != 1:
+            return None
+    return list(documents)
+
+
+def document_starts(offsets: np.ndarray | None, length: int, name: str) -> np.ndarray:
+    """Checked document start offsets of one shard (its boundaries less the final one)."""
+    if offsets is None:
+        return np.zeros(1, dtype=np.int64)
+    offsets = np.asarray(offsets)
+    # A lone [0] is an empty shard of no documents (Megatron's index of an empty partition, an
+    # Arrow record batch of no rows).
+    if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or offsets.shape[0] < 1:
+        raise ValueError(
+            f"{name}: document boundaries must be a 1-D integer array of at least 1 offset, "
+            f"got shape {offsets.shape} and dtype {offsets.dtype}"
+        )
+    offsets = offsets.astype(np.int64)
+    if offsets[0] != 0 or offsets[-1] != length or np.any(offsets[1:] < offsets[:-1]):
+        raise ValueError(
+            f"{name}: document boundaries must rise from 0 to the shard's {length} tokens, "
+            f"got {offsets[0]} ... {offsets[-1]}"
+            + (" with a decrease" if np.any(offsets[1:] < offsets[:-1]) else "")
+        )
+    return offsets[:-1]

@@ -1,0 +1,262 @@
+"""Shards read on demand, and the hook every batch over them goes through.
+
+A corpus opened from a manifest holds no shard when it is opened: its table of contents gives
+each shard's dtype, length and documents, and a shard's file is mapped (and checked against the
+table) when a batch first reads it. Such a corpus has a :class:`ShardSource`, and the window
+space asks it, just before each kernel call, to make the bytes that call reads readable:
+
+``source.readable(shards, offsets, nbytes)``
+    For each range ``i``: ``nbytes`` bytes (a scalar, or one count per range) from byte
+    ``offsets[i]`` of shard ``shards[i]``. Returns a :class:`Readable` whose ``addresses[i]``
+    is the address of range ``i``'s first byte. Those bytes stay readable and unchanged until
+    the :class:`Readable` is released (``with``, or :meth:`Readable.release`); the kernel is
+    called in between and keeps no address beyond the call. A range outside its shard is a
+    ValueError, and so is a shard whose file disagrees with the table of contents (raised by
+    the call that first needs it, before any address is returned).
+
+How a source keeps that promise is its own: :class:`MappedShards` maps whole shard files and
+keeps at most ``capacity`` maps (least recently used first out), never unmapping one that a
+live :class:`Readable` may point into; a source over object storage may fetch just the ranges
+into buffers the :class:`Readable` holds. No address table outlives the call it was made for,
+so an evicted map is never read.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from tokstream._filemap import FileMap
+
+#: Shard maps a :class:`MappedShards` keeps open by default (the maps a batch in flight needs
+#: are kept beyond it until the batch is copied).
+DEFAULT_CAPACITY = 1024
+
+
+class Readable:
+    """Byte ranges made readable by :meth:`ShardSource.readable`: ``addresses``, one a range,
+    valid until :meth:`release` (also on leaving a ``with`` block)."""
+
+    def __init__(self, addresses: np.ndarray, release: Any = None, keep: Any = None) -> None:
+        self.addresses = addresses
+        self._release = release
+        self._keep = keep  # what the addresses point into, held until released
+
+    def release(self) -> None:
+        """The addresses may be invalid from now on; calling it again does nothing."""
+        release, self._release, self._keep = self._release, None, None
+        if release is not None:
+            release()
+
+    def __enter__(self) -> np.ndarray:
+        return self.addresses
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class ShardSource:
+    """Where a lazily read corpus' shards come from (see the module).
+
+    ``dtype``, ``lengths`` (tokens per shard, a read-only int64 array) and ``names`` (for
+    messages) are known without reading any shard; :meth:`shard` gives a whole shard, checked,
+    as an array whose memory lives as long as it; :meth:`readable` is the batch hook.
+    """
+
+    dtype: np.dtype
+    lengths: np.ndarray
+    names: Sequence[str]
+
+    def __len__(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def shard(self, index: int) -> np.ndarray:
+        """Shard ``index`` whole, read-only; its memory is held by the array."""
+        raise NotImplementedError
+
+    def readable(self, shards: np.ndarray, offsets: np.ndarray, nbytes: Any) -> Readable:
+        """Make the byte ranges readable (the module's contract)."""
+        raise NotImplementedError
+
+    def document_boundaries(self) -> np.ndarray | None:
+        """Every recorded document's first token in the shards laid end to end, then the token
+        count (:attr:`tokstream.Corpus.document_boundaries`); None when none are recorded."""
+        return None
+
+    def document_counts(self) -> np.ndarray | None:
+        """Documents per shard as :meth:`document_boundaries` counts them (a shard that records
+        none is one), or None when none are recorded."""
+        return None
+
+    def memory_maps(self) -> Iterator[mmap.mmap | FileMap]:
+        """The maps open now (for OS advice)."""
+        return iter(())
+
+    def advise(self, advice: int | None) -> None:
+        """``mmap.MADV_*`` for the maps open now and those made later (None: none)."""
+
+    def check_ranges(self, shards: np.ndarray, offsets: np.ndarray, nbytes: Any) -> None:
+        """ValueError unless every range lies inside its shard (the last line of defence: the
+        window space computes ranges from the same lengths)."""
+        sizes = self.lengths * self.dtype.itemsize
+        if shards.shape[0] and (
+            int(shards.min()) < 0
+            or int(shards.max()) >= sizes.shape[0]
+            or int(offsets.min()) < 0
+            or bool(np.any(offsets + nbytes > sizes[shards]))
+        ):
+            raise ValueError("a byte range outside its shard was asked for: a tokstream bug")
+
+
+class MappedShards(ShardSource):
+    """Shards mapped from their files on first use, at most ``capacity`` maps kept.
+
+    Subclasses give :meth:`_open` (map shard ``index`` and check it against what the table of
+    contents says, raising ValueError naming the file). Maps are kept in least-recently-used
+    order; a map beyond ``capacity`` is dropped once no :class:`Readable` is live (a batch
+    whose shards outnumber ``capacity`` keeps them all until it is copied). Dropping a map only
+    drops this object's reference: an array a caller holds keeps its map. Thread-safe.
+    """
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if type(capacity) is not int:
+            raise TypeError(f"max_open_maps must be an int, got {type(capacity).__name__}")
+        if capacity < 1:
+            raise ValueError(f"max_open_maps must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self._reset()
+
+    def _reset(self) -> None:
+        count = len(self)
+        self._lock = threading.Lock()
+        self._arrays: dict[int, np.ndarray] = {}
+        # Zeroed pages: nothing is touched per shard until a shard is used.
+        self._bases = np.zeros(count, np.uint64)
+        self._resident = np.zeros(count, np.bool_)
+        self._stamps = np.zeros(count, np.int64)
+        self._tick = 0
+        self._live = 0  # Readables not yet released
+        self._dropped: list[np.ndarray] = []  # evicted while a Readable was live
+        self._advice: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for key in ("_lock", "_arrays", "_bases", "_resident", "_stamps", "_dropped"):
+            del state[key]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def _open(self, index: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def shard(self, index: int) -> np.ndarray:
+        with self._lock:
+            self._tick += 1
+            array = self._arrays.get(index)
+            if array is None:
+                array = self._map(index)
+            self._stamps[index] = self._tick
+            self._evict()
+            return array
+
+    def readable(self, shards: np.ndarray, offsets: np.ndarray, nbytes: Any) -> Readable:
+        shards = np.asarray(shards, np.int64)
+        offsets = np.asarray(offsets, np.int64)
+        self.check_ranges(shards, offsets, nbytes)
+        with self._lock:
+            self._tick += 1
+            self._stamps[shards] = self._tick
+            for index in np.unique(shards[~self._resident[shards]]).tolist():
+                self._map(index)
+            addresses = self._bases[shards] + offsets.astype(np.uint64)
+            self._live += 1
+            self._evict()
+        return Readable(addresses, self._released)
+
+    def _released(self) -> None:
+        with self._lock:
+            self._live -= 1
+            if not self._live:
+                self._dropped.clear()
+
+    def _map(self, index: int) -> np.ndarray:
+        """Map and check shard ``index`` (the lock is held)."""
+        array = self._open(index)
+        if array.dtype != self.dtype or array.shape != (int(self.lengths[index]),):
+            raise ValueError(
+                f"token file {self.names[index]}: holds {array.shape[0]} {array.dtype} tokens, "
+                f"the manifest says {int(self.lengths[index])} {self.dtype}"
+            )
+        self._arrays[index] = array
+        self._bases[index] = array.ctypes.data
+        self._resident[index] = True
+        base = array.base
+        if self._advice is not None and isinstance(base, FileMap):
+            try:
+                base.madvise(self._advice)
+            except OSError:
+                pass  # advice is a hint
+        return array
+
+    def _evict(self) -> None:
+        """Drop the least recently used maps beyond ``capacity``, none used by this tick."""
+        excess = len(self._arrays) - self.capacity
+        if excess <= 0:
+            return
+        # A batch over many shards evicts once for a while: down to 7/8 of the capacity.
+        excess += self.capacity // 8
+        candidates = np.flatnonzero(self._resident & (self._stamps < self._tick))
+        if candidates.shape[0] > excess:
+            oldest = np.argpartition(self._stamps[candidates], excess - 1)[:excess]
+            candidates = candidates[oldest]
+        for index in candidates.tolist():
+            array = self._arrays.pop(index)
+            self._bases[index] = 0
+            self._resident[index] = False
+            if self._live:
+                self._dropped.append(array)
+
+    @property
+    def open_maps(self) -> int:
+        """How many shards are mapped by this source now."""
+        return len(self._arrays)
+
+    def memory_maps(self) -> Iterator[mmap.mmap | FileMap]:
+        with self._lock:
+            arrays = list(self._arrays.values())
+        for array in arrays:
+            if isinstance(array.base, FileMap):
+                yield array.base
+
+    def advise(self, advice: int | None) -> None:
+        self._advice = advice
+
+
+class LazyShards(Sequence[np.ndarray]):
+    """``Corpus.shards`` of a lazily read corpus: indexing maps (and checks) a shard."""
+
+    def __init__(self, source: ShardSource) -> None:
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self.source.shard(i) for i in range(*index.indices(len(self)))]
+        position = range(len(self))[index]  # IndexError and negative indices as a tuple's
+        return self.source.shard(position)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for index in range(len(self)):
+            yield self.source.shard(index)
+
+    def __repr__(self) -> str:
+        return f"LazyShards({len(self)} shards)"
