@@ -60,12 +60,19 @@ def fault_proxy(s3_server) -> Iterator:
     proxy.stop()
 
 
-def _use_bucket(monkeypatch, bucket):
+def _use_env(monkeypatch, env: dict) -> dict:
+    """Only ``env``'s AWS variables for the test (none of the machine's own)."""
     for name in [name for name in os.environ if name.startswith("AWS_")]:
         monkeypatch.delenv(name)
-    for name, value in bucket.env.items():
+    for name, value in env.items():
         monkeypatch.setenv(name, value)
-    return bucket
+    return env
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch) -> dict:
+    """The environment set for a client to reach the S3 server directly (every bucket on it)."""
+    return _use_env(monkeypatch, s3_server.env())
 
 
 @pytest.fixture
@@ -73,7 +80,9 @@ def s3_bucket(s3_server, monkeypatch):
     """A new bucket on the S3 server, the environment set for a client to reach it directly."""
     from tests.object_store import Bucket
 
-    return _use_bucket(monkeypatch, Bucket(s3_server))
+    bucket = Bucket(s3_server)
+    _use_env(monkeypatch, bucket.env)
+    return bucket
 
 
 @pytest.fixture
@@ -83,7 +92,9 @@ def proxied_bucket(s3_server, fault_proxy, monkeypatch) -> Iterator:
     from tests.object_store import Bucket
 
     fault_proxy.configure()
-    yield _use_bucket(monkeypatch, Bucket(s3_server, fault_proxy))
+    bucket = Bucket(s3_server, fault_proxy)
+    _use_env(monkeypatch, bucket.env)
+    yield bucket
     fault_proxy.configure()
 
 

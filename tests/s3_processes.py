@@ -145,8 +145,9 @@ def keep_alive_head(response: Message) -> bytes:
 
 
 def error_response(status: int) -> bytes:
-    reason = {500: "Internal Server Error", 503: "Service Unavailable"}.get(status, "Error")
-    code = {500: "InternalError", 503: "SlowDown"}.get(status, "InternalError")
+    reasons = {403: "Forbidden", 500: "Internal Server Error", 503: "Service Unavailable"}
+    codes = {403: "AccessDenied", 500: "InternalError", 503: "SlowDown"}
+    code, reason = codes.get(status, "InternalError"), reasons.get(status, "Error")
     body = (
         f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
         f"<Message>injected by the test proxy</Message></Error>"

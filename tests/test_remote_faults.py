@@ -1,0 +1,152 @@
+"""A remote corpus behind a slow or failing store: delayed requests change nothing, failed ones
+are retried until they succeed (the same batches arrive), and a request still failing at its
+deadline is an error naming the object and the byte range, raised instead of a batch: never a
+wrong or skipped one.
+
+Every request goes through the fault proxy of ``tests/s3_processes.py`` in front of moto's S3
+server; the proxy's rules pick which requests fail and how, and its log shows that they did.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import tokstream
+from tests.remote_cases import WRITERS, as_list, assert_same, documents, open_remote, require_remote
+
+remote = require_remote()
+
+DOCS = documents(count=40, seed=21)
+#: A request that fails for good is given up after 1.5 s, so that such a test ends in seconds.
+QUICK = dict(timeout=0.3, deadline=1.5, backoff=0.01, max_backoff=0.2)
+#: A request that fails a few times (a stalled one for the 0.5 s timeout) then succeeds, with
+#: room for a loaded machine.
+PATIENT = dict(timeout=0.5, deadline=20.0, backoff=0.01, max_backoff=0.2)
+
+
+@pytest.fixture
+def files(proxied_bucket, tmp_path):
+    """``(local corpus, URL)`` of the documents as .npy shards, uploaded to the proxied bucket."""
+
+    def make(name: str = "npy"):
+        data = tmp_path / name
+        data.mkdir()
+        spec = WRITERS[name](data, DOCS)
+        proxied_bucket.upload(data, prefix=name)
+        return tokstream.open_tokens(str(data / spec)), proxied_bucket.url(f"{name}/{spec}")
+
+    return make
+
+
+def stream(corpus, **options):
+    return tokstream.stream_token_source(corpus, 16, 8, seed=5, epochs=2, **options)
+
+
+def faults(proxy, action: str) -> list[dict]:
+    return [r for r in proxy.stats()["requests"] if r["action"] == action]
+
+
+@pytest.mark.parametrize("delay_ms", [0, 30])
+@pytest.mark.parametrize("name", ["npy", "megatron"])
+def test_delayed_requests_bring_the_same_batches(files, proxied_bucket, delay_ms, name):
+    proxied_bucket.proxy.configure(delay_ms=delay_ms)
+    local, url = files(name)
+    assert assert_same(stream(open_remote(url), prefetch=1), stream(local)) > 10
+
+
+TRANSIENT = {
+    "500": {"action": "status", "status": 500},
+    "503": {"action": "status", "status": 503},
+    "drop": {"action": "drop"},
+    "truncate": {"action": "truncate"},
+    "stall": {"action": "stall", "ms": 10_000},
+}
+
+
+@pytest.mark.parametrize("rule", TRANSIENT.values(), ids=TRANSIENT.keys())
+def test_failed_range_gets_are_retried_and_bring_the_same_batches(files, proxied_bucket, rule):
+    local, url = files()
+    corpus = open_remote(url, **PATIENT)
+    # Opened; now the first three range GETs of the tokens fail.
+    proxied_bucket.proxy.configure(rules=[{**rule, "ranged": True, "times": 3}])
+    assert_same(stream(corpus), stream(local))
+    assert len(faults(proxied_bucket.proxy, rule["action"])) == 3
+
+
+@pytest.mark.parametrize("rule", TRANSIENT.values(), ids=TRANSIENT.keys())
+def test_failed_requests_while_opening_are_retried(files, proxied_bucket, rule):
+    local, url = files("megatron")
+    proxied_bucket.proxy.configure(rules=[{**rule, "times": 2}])
+    corpus = open_remote(url, **PATIENT)
+    assert corpus.document_boundaries.tolist() == local.document_boundaries.tolist()
+    assert len(faults(proxied_bucket.proxy, rule["action"])) == 2
+    assert_same(stream(corpus), stream(local))
+
+
+def assert_names_object_and_range(error: BaseException, url_of_object: str) -> None:
+    message = str(error)
+    assert url_of_object in message, message
+    assert re.search(r"\d+, \d+", message), f"no byte range in: {message}"
+
+
+@pytest.mark.parametrize(
+    "rule, prefetch",
+    [(rule, 0) for rule in TRANSIENT.values()] + [(TRANSIENT["503"], 2)],
+    ids=[*TRANSIENT, "503-prefetch"],
+)
+def test_a_range_failing_past_its_deadline_is_an_error_naming_object_and_range(
+    files, proxied_bucket, rule, prefetch
+):
+    local, url = files()
+    corpus = open_remote(url, **QUICK)
+    broken = url.replace("shard_*", "shard_001")
+    # Every request for the second shard's tokens fails from now on.
+    proxied_bucket.proxy.configure(rules=[{**rule, "path": "shard_001", "ranged": True}])
+    expected = as_list(stream(local))
+    far = stream(corpus, prefetch=prefetch)
+    delivered = []
+    with pytest.raises(remote.RemoteReadError) as error:
+        for batch in far:
+            delivered.append(batch)
+    assert_names_object_and_range(error.value, broken)
+    # The batches before the error are the right ones, none skipped or half-filled.
+    assert delivered, "the first batch needs no byte of the broken shard"
+    assert_same(delivered, expected[: len(delivered)])
+    far.close()
+    retried = faults(proxied_bucket.proxy, rule["action"])
+    assert len(retried) >= 2, "failed without a retry"
+
+
+def test_an_object_failing_past_its_deadline_while_opening_is_an_error_naming_it(
+    files, proxied_bucket
+):
+    local, url = files()
+    proxied_bucket.proxy.configure(rules=[{"action": "status", "status": 503, "path": "shard_002"}])
+    with pytest.raises(remote.RemoteReadError) as error:
+        open_remote(url, **QUICK)
+    assert url.replace("shard_*", "shard_002") in str(error.value)
+    assert len(faults(proxied_bucket.proxy, "status")) >= 2
+
+
+def test_an_object_deleted_after_opening_is_an_error_naming_it(files, proxied_bucket):
+    local, url = files()
+    corpus = open_remote(url, **PATIENT)
+    key = url.split("/", 3)[3].replace("shard_*", "shard_000")
+    proxied_bucket.server.client.delete_object(Bucket=proxied_bucket.name, Key=key)
+    with pytest.raises(OSError) as error:
+        list(stream(corpus, shuffle=False))
+    assert "shard_000" in str(error.value)
+
+
+def test_a_refused_credential_is_an_error_at_once_not_retried_until_the_deadline(
+    files, proxied_bucket
+):
+    local, url = files()
+    proxied_bucket.proxy.configure(rules=[{"action": "status", "status": 403}])
+    with pytest.raises(OSError) as error:
+        open_remote(url, timeout=5.0, deadline=20.0)
+    assert "shard_" in str(error.value)
+    # Not retried until the deadline: a handful of requests at most.
+    assert len(faults(proxied_bucket.proxy, "status")) < 10
