@@ -1,0 +1,147 @@
+"""Object storage: a shuffled stream over token files in an S3 store, against the store itself.
+
+The object-storage protocol (docs/benchmarks.md): the store is moto's S3 server on 127.0.0.1 with
+the fault proxy of the test suite in front of it (``tests/object_store.py``), which holds every
+request back ``--delay`` milliseconds (0 and 30 by default: a store across a network). For each
+delay, side by side in one run:
+
+- the store's rate: range GETs of one window's bytes (``2 * (block + 1)`` for uint16) at random
+  offsets of the objects, ``--in-flight`` at once, made straight with obstore (the client the
+  ``remote`` extra uses): GETs per second over at least ``--seconds``;
+- tokstream's rate: a shuffled stream over ``open_tokens("s3://bucket/tokens/*.npy")``,
+  windows per second, and the bytes fetched per byte of the windows delivered (to come with
+  ``tokstream.remote``).
+
+    python benchmarks/remote.py                          # 0 and 30 ms, block 1024, 64 in flight
+    python benchmarks/remote.py --delay 30 --in-flight 256 --block 128
+
+Needs ``moto[server]`` and obstore (``pip install '.[remote]' 'moto[server]'``); run from the
+repository root (it starts the test suite's servers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the suite's server machinery
+
+from tests.object_store import FaultProxy, S3Server, client_environment  # noqa: E402
+
+
+def store_of(bucket: str, endpoint: str) -> Any:
+    """An obstore S3 store of ``bucket`` at ``endpoint``, with no retries (none are needed)."""
+    from obstore.store import S3Store
+
+    env = client_environment(endpoint)
+    return S3Store(
+        bucket,
+        endpoint=endpoint,
+        access_key_id=env["AWS_ACCESS_KEY_ID"],
+        secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region=env["AWS_REGION"],
+        client_options={"allow_http": True, "pool_max_idle_per_host": "1024"},
+        retry_config={"max_retries": 0},
+    )
+
+
+async def _range_gets(
+    store: Any, objects: Sequence[tuple[str, int]], size: int, in_flight: int, seconds: float
+) -> tuple[int, float]:
+    """GETs of ``size`` bytes at random offsets, ``in_flight`` at once, for ``seconds``:
+    (GETs completed, seconds taken)."""
+    import obstore
+
+    rng = random.Random(0)
+    done = 0
+    start = time.perf_counter()
+    end = start + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < end:
+            key, length = objects[rng.randrange(len(objects))]
+            offset = rng.randrange(0, length - size)
+            data = await obstore.get_range_async(store, key, start=offset, end=offset + size)
+            assert len(data) == size
+            done += 1
+
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    return done, time.perf_counter() - start
+
+
+def store_rate(
+    store: Any, objects: Sequence[tuple[str, int]], size: int, in_flight: int, seconds: float
+) -> float:
+    """The store's own rate: range GETs of ``size`` bytes per second at ``in_flight`` at once,
+    straight with the client (no tokstream), after one untimed warm-up of the connections."""
+    asyncio.run(_range_gets(store, objects, size, in_flight, min(seconds, 0.5)))
+    done, took = asyncio.run(_range_gets(store, objects, size, in_flight, seconds))
+    return done / took
+
+
+def upload_tokens(server: S3Server, objects: int, tokens: int) -> tuple[str, list[tuple[str, int]]]:
+    """``objects`` .npy files of ``tokens`` seeded uint16 tokens each, in a new bucket."""
+    import io
+
+    bucket = server.create_bucket("bench")
+    rng = np.random.default_rng(0)
+    keys = []
+    for i in range(objects):
+        buffer = io.BytesIO()
+        np.save(buffer, rng.integers(0, 50257, tokens, dtype=np.uint16))
+        key = f"tokens/shard_{i:04d}.npy"
+        server.put(bucket, key, buffer.getvalue())
+        keys.append((key, buffer.getbuffer().nbytes))
+    return bucket, keys
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--delay", type=float, nargs="+", default=[0, 30], help="ms per request")
+    parser.add_argument("--block", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument("--objects", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=1 << 19, help="tokens per object")
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    server = S3Server()
+    proxy = FaultProxy(server)
+    try:
+        bucket, objects = upload_tokens(server, args.objects, args.tokens)
+        os.environ.update(proxy.env())
+        store = store_of(bucket, proxy.endpoint)
+        size = 2 * (args.block + 1)
+        print(
+            f"{args.objects} objects x {args.tokens} uint16 tokens; block {args.block}, "
+            f"GETs of {size} bytes, {args.in_flight} in flight; load {os.getloadavg()[0]:.1f}"
+        )
+        for delay in args.delay:
+            proxy.configure(delay_ms=delay)
+            rates = [
+                store_rate(store, objects, size, args.in_flight, args.seconds)
+                for _ in range(args.rounds)
+            ]
+            line = f"delay {delay:4.0f} ms: store {statistics.median(rates):8.0f} GETs/s"
+            line += f" (rounds {', '.join(f'{r:.0f}' for r in rates)})"
+            print(line, flush=True)
+    finally:
+        proxy.stop()
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
