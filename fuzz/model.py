@@ -12,11 +12,11 @@ import math
 import os
 import warnings
 from collections.abc import Iterator
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
+from fuzz.schedule import StagedSchedule, mixture_stages
 from tokstream._order import implicit_round_keys
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -455,44 +455,10 @@ def model_length(shards, c) -> int:
 # Mixtures: the schedule by its definition, in fractions
 
 
-def mixture_weights(weights: list[Any]) -> list[int]:
-    """The smallest integers in the ratio of the weights, each read exactly (a float as the
-    decimal it prints as); the harness keeps their sum far below 2**30, where they are rounded."""
-    exact = [Fraction(repr(float(w))) if isinstance(w, float) else Fraction(w) for w in weights]
-    scale = math.lcm(*(w.denominator for w in exact))
-    integers = [int(w * scale) for w in exact]
-    common = math.gcd(*integers)
-    return [w // common for w in integers]
-
-
-def mixture_tree(weights: list[int]):
-    """The Huffman tree of the schedule: the two lightest (earlier first on ties) merged."""
-    forest = [(w, order, ("leaf", s)) for order, (s, w) in enumerate(enumerate(weights))]
-    made = len(weights)
-    while len(forest) > 1:
-        forest.sort(key=lambda item: (item[0], item[1]))
-        (wa, _, a), (wb, _, b) = forest[0], forest[1]
-        made += 1
-        forest = forest[2:] + [(wa + wb, made, ("node", Fraction(wa, wa + wb), a, b))]
-    return forest[0][2]
-
-
-def mixture_sample(tree, k: int) -> tuple[int, int]:
-    """``(source, local index)`` of global sample ``k``: round half up at every node."""
-    while tree[0] == "node":
-        _, share, left, right = tree
-        sent_left = math.floor(k * share + Fraction(1, 2))
-        if math.floor((k + 1) * share + Fraction(1, 2)) > sent_left:
-            tree, k = left, sent_left
-        else:
-            tree, k = right, k - sent_left
-    return tree[1], k
-
-
 def model_mixture(
-    sources: dict[str, np.ndarray], weights: dict[str, Any], kwargs: dict[str, Any]
-) -> tuple[list[np.ndarray], list[int], dict[str, Any]]:
-    """A valid mixture call's sources (int64), integer weights and controls, or Rejected. The
+    sources: dict[str, np.ndarray], weights: Any, kwargs: dict[str, Any]
+) -> tuple[list[np.ndarray], list[tuple[int, list[int]]], dict[str, Any]]:
+    """A valid mixture call's sources (int64), stages and controls, or Rejected. The
     harness draws valid names, weights and controls, so only what depends on the draw is
     judged: empty sources, the materialized order, sources without a window."""
     for name, tokens in sources.items():
@@ -505,26 +471,40 @@ def model_mixture(
     for name, tokens in zip(sources, arrays, strict=True):
         if windows_in(len(tokens), controls["block"], controls["stride"]) == 0:
             raise Rejected(ValueError, f"sources[{name!r}]")
-    return arrays, mixture_weights([weights[n] for n in sources]), controls
+    return arrays, mixture_stages(weights, list(sources)), controls
 
 
 def model_mixture_batches(
-    sources: list[np.ndarray], weights: list[int], c: dict[str, Any], cursor: tuple | None = None
+    sources: list[np.ndarray],
+    stages: list[tuple[int, list[int]]],
+    c: dict[str, Any],
+    cursor: tuple | None = None,
+    shapes=None,
+    ranks=None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Global sample ``e N + p`` is local sample ``j`` of source ``s`` by the schedule: position
-    ``j mod n_s`` of that source's epoch ``j div n_s``, through its own implicit permutation.
+    """Global sample ``e N + p`` is local sample ``j`` of source ``s`` by the schedule of
+    ``stages``: position ``j mod n_s`` of that source's epoch ``j div n_s``, through its own
+    implicit permutation.
 
-    ``cursor`` is ``(epoch, position, None)`` to start from instead of the beginning.
+    ``cursor`` is ``(epoch, position, None)`` to start from instead of the beginning; ``shapes``
+    (see :func:`model_positions`) a run whose shape changes; ``ranks="all"``: each global step
+    holds every rank's rows in order-position order (rank 0's row 0, rank 1's row 0, ...),
+    else the step is rank ``c["rank"]``'s batch.
     """
-    tree = mixture_tree(weights)
+    schedule = StagedSchedule(stages)
     counts = [windows_in(len(t), c["block"], c["stride"]) for t in sources]
     n = mixture_epoch(counts, c)
     orders: dict[tuple[int, int], Any] = {}
-    shape = [(c["world_size"], c["batch_size"], None)]
-    for epoch, base, rows, world in model_positions(n, c, shape, cursor):
+    shapes = shapes or [(c["world_size"], c["batch_size"], None)]
+    for epoch, base, rows, world in model_positions(n, c, shapes, cursor):
         windows, after, row_sources = [], [], []
-        for i in range(rows):
-            source, local = mixture_sample(tree, epoch * n + base + c["rank"] + world * i)
+        samples = [
+            base + rank + world * i
+            for i in range(rows)
+            for rank in (range(world) if ranks == "all" else [c["rank"]])
+        ]
+        for sample in samples:
+            source, local = schedule.sample(epoch * n + sample)
             row_sources.append(source)
             source_epoch, position = divmod(local, counts[source])
             if c["shuffle"]:

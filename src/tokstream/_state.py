@@ -9,6 +9,7 @@ sequence; loading checks the fingerprint and every field before anything changes
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -25,6 +26,9 @@ _LATER_KEYS: dict[str, Any] = {"stride": 1, "eos": None, "windows": "cross"}
 # Keys earlier fingerprints held that no longer decide the sequence: the global batch size (a
 # cursor counts positions, so a state loads into any world size and batch size).
 _RETIRED_KEYS = ("global_batch_size",)
+# A mixture's schedule: the first stage's integer weights (as JSON) and each later stage as
+# "start:digest" (absent with one stage), compared only up to the state's position.
+_SCHEDULE_KEYS = ("mixture_weights", "mixture_stages")
 
 
 class Cursor(NamedTuple):
@@ -71,6 +75,20 @@ def fingerprint(corpus: Any, options: Any, space: Any) -> dict[str, Any]:
         },
         **within,
     }
+
+
+def schedule_fingerprint(stages: Any) -> dict[str, str]:
+    """A mixture schedule's part of the fingerprint: the first stage's integer weights exactly,
+    each later stage's start and a 64-bit digest of its weights (so a state's size grows by
+    ~30 bytes a stage, whatever the number of sources)."""
+    (_, first), *later = stages
+    result = {"mixture_weights": json.dumps(list(first))}
+    if later:
+        result["mixture_stages"] = ",".join(
+            f"{start}:{hashlib.sha256(json.dumps(list(weights)).encode()).hexdigest()[:16]}"
+            for start, weights in later
+        )
+    return result
 
 
 def encode(cursor: Cursor, fingerprint: dict[str, Any], options: Any) -> dict[str, Any]:
@@ -124,6 +142,8 @@ def decode(
             f"state['position'] = {position} is past the end of an epoch of {positions} "
             "order positions"
         )
+    if "mixture_weights" in fingerprint:
+        _check_schedule(state["config"], fingerprint, epoch * fingerprint["samples"] + position)
     if draws_orders:
         return Cursor(epoch, position, _decode_rng_state(state["rng_state"]))
     if state["rng_state"] is not None:
@@ -137,15 +157,20 @@ def decode(
 def _check_config(saved: Any, here: dict[str, Any], options: Any) -> None:
     if not isinstance(saved, dict):
         raise TypeError(f"state['config'] must be a dict, got {type(saved).__name__}")
+    # Two mixtures' schedules are compared up to the saved position (_check_schedule).
+    schedules = "mixture_weights" in saved and "mixture_weights" in here
+    skipped = set(_RETIRED_KEYS) | (set(_SCHEDULE_KEYS) if schedules else set())
     for key, old in _LATER_KEYS.items():
         if key in saved and key not in here:
             raise ValueError(
                 f"state was saved with {key}={saved[key]!r}, but this stream has {key}={old!r}"
             )
-    for key in sorted(saved.keys() - here.keys() - set(_RETIRED_KEYS)):
+    for key in sorted(saved.keys() - here.keys() - skipped):
         # A mixture's keys, say, in the state of a stream over a plain corpus.
         raise ValueError(f"state was saved with {key}={saved[key]!r}, which this stream lacks")
     for key, value_here in here.items():
+        if key in skipped:
+            continue
         if key not in saved:
             raise ValueError(f"state['config'] is missing {key!r}")
         value = saved[key]
@@ -159,6 +184,58 @@ def _check_config(saved: Any, here: dict[str, Any], options: Any) -> None:
         raise ValueError(
             f"state was saved with {key}={shown(value)}, but this stream has {key}={value_here!r}"
         )
+
+
+def _check_schedule(saved: dict[str, Any], here: dict[str, Any], sample: int) -> None:
+    """The stages of both schedules that start before global sample ``sample`` (the saved
+    position) are the same; later ones may differ (a stage added to a running job)."""
+    saved_stages, here_stages = _stages(saved, "state['config']"), _stages(here, "this stream")
+    before = [
+        [stage for stage in stages if stage[0] < sample] for stages in (saved_stages, here_stages)
+    ]
+    for i in range(max(len(before[0]), len(before[1]))):
+        old, new = (stages[i] if i < len(stages) else None for stages in before)
+        if old == new:
+            continue
+        where = f"before the saved position (global sample {sample})"
+        if old is None or new is None:
+            start = (old or new)[0]
+            whose, other = "this mixture's", "the state's"
+            if new is None:
+                whose, other = other, whose
+            raise ValueError(
+                f"mix(weights=...): stage {i} of {whose} schedule (from sample {start}) is not in "
+                f"{other} schedule, {where}"
+            )
+        if i == 0:
+            raise ValueError(
+                f"state was saved with mixture_weights={old[1]} (stage 0), but this stream has "
+                f"mixture_weights={new[1]}"
+            )
+        if old[0] != new[0]:
+            raise ValueError(
+                f"mix(weights=...): stage {i} starts at sample {old[0]} in the state's schedule "
+                f"but at sample {new[0]} in this mixture's, {where}"
+            )
+        raise ValueError(
+            f"mix(weights=...): stage {i} (from sample {old[0]}) has other weights in the "
+            f"state's schedule than in this mixture's, {where}"
+        )
+
+
+def _stages(config: dict[str, Any], where: str) -> list[tuple[int, str]]:
+    """``(start, weights or their digest)`` of each stage a fingerprint records."""
+    weights, later = config["mixture_weights"], config.get("mixture_stages", "")
+    for key, value in (("mixture_weights", weights), ("mixture_stages", later)):
+        if not isinstance(value, str):
+            raise TypeError(f"{where}[{key!r}] must be a str, got {type(value).__name__}")
+    stages = [(0, weights)]
+    for item in later.split(",") if later else []:
+        start, _, digest = item.partition(":")
+        if not (start.isascii() and start.isdigit() and len(digest) == 16):
+            raise ValueError(f"{where}['mixture_stages'] holds {shown(item)}, not 'start:digest'")
+        stages.append((int(start), digest))
+    return stages
 
 
 def _state_int(value: Any, name: str) -> int:

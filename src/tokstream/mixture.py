@@ -38,15 +38,19 @@ import numpy as np
 
 from tokstream._options import StreamOptions
 from tokstream._order import FEISTEL_ROUNDS, WindowOrder, implicit_domain
-from tokstream._schedule import MixtureWindows
+from tokstream._schedule import MixtureWindows, Stage
 from tokstream._space import WindowSpace
-from tokstream._state import Cursor
+from tokstream._state import Cursor, schedule_fingerprint
 from tokstream._validate import INT64_MAX
 from tokstream.corpus import Corpus, _read_only
 
 #: The integer weights of a schedule sum to at most this (plus one per source): the kernel's
 #: products stay below ``2**63``.
 WEIGHT_TOTAL = 1 << 30
+
+#: The most stages a schedule may have: a state dict records each (its start and a digest of
+#: its weights) and stays under 16 KB up to this many.
+MAX_STAGES = 256
 
 #: Schedules whose period (the integer weights' sum) is at most this are read from a table of
 #: one period (16 bytes a sample, 1 MiB at most), one lookup per sample instead of a walk down
@@ -59,20 +63,27 @@ __all__ = ["Mixture", "mix"]
 class Mixture:
     """Named token sources and their weights, to be streamed as one (see :func:`mix`).
 
-    ``sources`` maps each name (in the order given) to its :class:`~tokstream.Corpus`;
-    ``weights`` maps it to its share of the samples (floats summing to 1), ``integer_weights``
-    (read-only: the schedule is built from it) to the exact integers the schedule uses.
-    ``corpus`` holds every source's shards in that order, documents kept: the stream reads
-    windows out of it.
+    ``sources`` maps each name (in the order given) to its :class:`~tokstream.Corpus`.
+    ``stages`` lists each stage of the schedule as ``(first global sample, {name: share})``
+    (shares summing to 1; one stage unless :func:`mix` was given a schedule), ``weights`` the
+    first stage's shares; ``integer_stages`` and ``integer_weights`` (read-only: the schedule is
+    built from them) the exact integers the schedule uses. ``corpus`` holds every source's
+    shards in that order, documents kept: the stream reads windows out of it.
     """
 
-    def __init__(self, sources: dict[str, Corpus], integer_weights: Sequence[int]) -> None:
+    def __init__(
+        self, sources: dict[str, Corpus], stages: Sequence[tuple[int, Sequence[int]]]
+    ) -> None:
         self.sources = dict(sources)
         self.names = tuple(sources)
-        self._integer_weights = tuple(int(w) for w in integer_weights)
-        total = sum(self._integer_weights)
-        shares = zip(self.names, self._integer_weights, strict=True)
-        self.weights = {name: weight / total for name, weight in shares}
+        self._integer_stages = tuple(
+            (int(start), tuple(int(w) for w in weights)) for start, weights in stages
+        )
+        self.stages = tuple(
+            (start, {name: w / sum(weights) for name, w in zip(self.names, weights, strict=True)})
+            for start, weights in self._integer_stages
+        )
+        self.weights = dict(self.stages[0][1])
         arrays, shard_names, documents = [], [], []
         for name, corpus in self.sources.items():
             for j, shard in enumerate(corpus.shards):
@@ -83,9 +94,14 @@ class Mixture:
 
     @property
     def integer_weights(self) -> tuple[int, ...]:
-        """The schedule's integer weights, one per source: each gets exactly its weight of
-        every ``sum(integer_weights)`` samples."""
-        return self._integer_weights
+        """The first stage's integer weights, one per source: each gets exactly its weight of
+        every ``sum(integer_weights)`` samples of the stage."""
+        return self._integer_stages[0][1]
+
+    @property
+    def integer_stages(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """Each stage's first global sample and integer weights (0: no sample of that source)."""
+        return self._integer_stages
 
     def num_windows(self, block: int, stride: int = 1) -> int:
         """Windows of all sources together (one epoch of samples, unless ``samples=``)."""
@@ -93,10 +109,13 @@ class Mixture:
 
     def __repr__(self) -> str:
         shares = ", ".join(f"{n}={w:.4g}" for n, w in self.weights.items())
-        return f"Mixture({shares}; tokens={self.corpus.num_tokens}, dtype={self.corpus.dtype})"
+        later = f"; {len(self.stages) - 1} later stages" if len(self.stages) > 1 else ""
+        return (
+            f"Mixture({shares}{later}; tokens={self.corpus.num_tokens}, dtype={self.corpus.dtype})"
+        )
 
 
-def mix(sources: Mapping[str, Any], weights: Mapping[str, Any]) -> Mixture:
+def mix(sources: Mapping[str, Any], weights: Mapping[str, Any] | Sequence[Any]) -> Mixture:
     """A weighted mixture of token sources, for ``token_ids`` of any stream entry point.
 
     Parameters
@@ -106,17 +125,23 @@ def mix(sources: Mapping[str, Any], weights: Mapping[str, Any]) -> Mixture:
         (an array, a :class:`~tokstream.Corpus`, an :func:`~tokstream.open_tokens` result,
         with its documents). The dict's order numbers the sources (the ``"source"`` extra).
     weights
-        A dict name -> a positive finite number, for every source; normalised to shares.
+        A dict name -> a finite number ``>= 0``, for every source, normalised to shares; or a
+        schedule of stages, a list of ``(first global sample, dict)`` pairs with starts
+        ascending from 0: each stage's dict gives its weights from its start to the next
+        stage's, a source it leaves out (or gives 0) has no samples there. At most
+        :data:`MAX_STAGES` stages.
 
     Raises
     ------
     TypeError
-        ``sources`` or ``weights`` is not a dict, a name is not a str, a source is not token
-        ids (or is itself a mixture), a weight is not a number.
+        ``sources`` is not a dict, ``weights`` neither a dict nor a list of ``(int, dict)``
+        pairs, a name is not a str, a source is not token ids (or is itself a mixture), a weight
+        is not a number.
     ValueError
-        No sources; names of ``weights`` that do not match ``sources``; a weight that is not
-        positive and finite; a source without tokens; sources of different token dtypes.
-        Every message names the source.
+        No sources; a weight's name that is no source; a plain dict without a weight for some
+        source; a negative or infinite weight, or a stage whose weights are all 0; stages not
+        starting at 0 and ascending; a source without tokens; sources of different token
+        dtypes. Every message names the source or the stage (``weights[i]``).
 
     Examples
     --------
@@ -125,10 +150,20 @@ def mix(sources: Mapping[str, Any], weights: Mapping[str, Any]) -> Mixture:
     >>> mixture = mix({"a": np.arange(100), "b": np.arange(50)}, weights={"a": 3, "b": 1})
     >>> mixture.weights
     {'a': 0.75, 'b': 0.25}
+    >>> annealed = mix(
+    ...     {"a": np.arange(100), "b": np.arange(50)},
+    ...     weights=[(0, {"a": 1}), (1_000, {"a": 1, "b": 1})],
+    ... )
+    >>> annealed.stages
+    ((0, {'a': 1.0, 'b': 0.0}), (1000, {'a': 0.5, 'b': 0.5}))
     """
-    for value, what in ((sources, "sources"), (weights, "weights")):
-        if not isinstance(value, Mapping):
-            raise TypeError(f"{what} must be a dict of name -> ..., got {type(value).__name__}")
+    if not isinstance(sources, Mapping):
+        raise TypeError(f"sources must be a dict of name -> ..., got {type(sources).__name__}")
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, (Mapping, Sequence)):
+        raise TypeError(
+            "weights must be a dict of name -> weight or a list of (first sample, dict) "
+            f"stages, got {type(weights).__name__}"
+        )
     if not sources:
         raise ValueError("sources must name at least one token source")
     corpora: dict[str, Corpus] = {}
@@ -142,18 +177,63 @@ def mix(sources: Mapping[str, Any], weights: Mapping[str, Any]) -> Mixture:
         corpora[name] = Corpus.from_tokens(tokens, _label(name))
         if corpora[name].num_tokens == 0:
             raise ValueError(f"{_label(name)} holds no tokens")
+    if isinstance(weights, Mapping):
+        missing = [name for name in corpora if name not in weights]
+        stages = [(0, _stage_weights(weights, list(corpora), "weights"))]
+        if missing:
+            raise ValueError(f"weights has no weight for source {missing[0]!r}")
+    else:
+        stages = _schedule(weights, list(corpora))
+    return Mixture(corpora, stages)
+
+
+def _schedule(stages: Sequence[Any], names: list[str]) -> list[tuple[int, tuple[int, ...]]]:
+    """Each stage's start and integer weights, every rule of a schedule checked."""
+    if not stages:
+        raise ValueError("weights must hold at least one (first sample, dict) stage")
+    if len(stages) > MAX_STAGES:
+        raise ValueError(f"weights holds {len(stages)} stages, more than {MAX_STAGES}")
+    checked: list[tuple[int, tuple[int, ...]]] = []
+    for i, stage in enumerate(stages):
+        where = f"weights[{i}]"
+        if not (isinstance(stage, (tuple, list)) and len(stage) == 2):
+            raise TypeError(f"{where} must be a (first sample, dict) pair, got {stage!r}")
+        start, stage_weights = stage
+        if isinstance(start, (bool, np.bool_)) or not isinstance(start, numbers.Integral):
+            raise TypeError(f"{where}[0] must be an int (a global sample), got {start!r}")
+        start = int(start)
+        if i == 0 and start != 0:
+            raise ValueError(
+                f"{where}[0] must be 0: the first stage starts at sample 0, got {start}"
+            )
+        if i > 0 and start <= checked[-1][0]:
+            raise ValueError(
+                f"{where}[0] = {start} must be after the previous stage's start {checked[-1][0]}"
+            )
+        if start > INT64_MAX:
+            raise ValueError(f"{where}[0] must be below 2**63, got {start}")
+        if not isinstance(stage_weights, Mapping):
+            raise TypeError(
+                f"{where}[1] must be a dict of name -> weight, got {type(stage_weights).__name__}"
+            )
+        checked.append((start, _stage_weights(stage_weights, names, where)))
+    return checked
+
+
+def _stage_weights(weights: Mapping[str, Any], names: list[str], where: str) -> tuple[int, ...]:
+    """One stage's integer weights, a name left out weighing 0; some weight must be positive."""
     for name in weights:
-        if name not in corpora:
-            raise ValueError(f"weights[{name!r}] names no source; the sources are {list(corpora)}")
-    missing = [name for name in corpora if name not in weights]
-    if missing:
-        raise ValueError(f"weights has no weight for source {missing[0]!r}")
-    exact = [exact_weight(weights[name], f"weights[{name!r}]") for name in corpora]
-    return Mixture(corpora, integer_weights(exact))
+        if name not in names:
+            raise ValueError(f"{where}[{name!r}] names no source; the sources are {names}")
+    exact = [exact_weight(weights.get(name, 0), f"{where}[{name!r}]") for name in names]
+    if not any(exact):
+        raise ValueError(f"{where} must give some source a positive weight, got {dict(weights)}")
+    return integer_weights(exact)
 
 
-def exact_weight(value: Any, name: str) -> Fraction:
-    """A positive finite weight as an exact fraction: an int as itself, a float as it prints."""
+def exact_weight(value: Any, name: str, positive: bool = False) -> Fraction:
+    """A finite weight ``>= 0`` (``> 0`` if ``positive``) as an exact fraction: an int as itself,
+    a float as it prints."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     if isinstance(value, numbers.Rational):
@@ -163,32 +243,38 @@ def exact_weight(value: Any, name: str) -> Fraction:
         if not math.isfinite(as_float):
             raise ValueError(f"{name} must be finite, got {value!r}")
         weight = Fraction(repr(as_float))
-    if weight <= 0:
+    if positive and weight <= 0:
         raise ValueError(f"{name} must be positive, got {value!r}")
+    if weight < 0:
+        raise ValueError(f"{name} must be at least 0, got {value!r}")
     return weight
 
 
 def integer_weights(weights: Sequence[Fraction]) -> tuple[int, ...]:
-    """The smallest integers in the ratio of ``weights``, rounded when they sum past 2**30."""
+    """The smallest integers in the ratio of ``weights`` (some positive), rounded when they sum
+    past 2**30 (a positive weight never to zero)."""
     scale = math.lcm(*(w.denominator for w in weights))
     integers = [int(w * scale) for w in weights]
     total = sum(integers)
     if total > WEIGHT_TOTAL:
         # Rounded half up to a multiple of 1/WEIGHT_TOTAL of the total, and never to zero.
-        integers = [max(1, (2 * w * WEIGHT_TOTAL + total) // (2 * total)) for w in integers]
+        integers = [
+            max(1, (2 * w * WEIGHT_TOTAL + total) // (2 * total)) if w else 0 for w in integers
+        ]
     common = math.gcd(*integers)
     return tuple(w // common for w in integers)
 
 
 def schedule_tree(weights: Sequence[int]) -> tuple[int, np.ndarray]:
-    """``(root, nodes)``: the schedule's binary tree over sources of integer ``weights``.
+    """``(root, nodes)``: a stage's binary tree over the sources of positive integer ``weights``.
 
     Built as a Huffman code: the two lightest groups (the earlier on a tie) become the left
     and right child of a new node, until one group is left. ``nodes[v] = (p, q, left, right)``
     with ``q`` the node's weight and ``p`` its left child's; a child ``< 0`` is the leaf of
-    source ``-1 - child``. With one source the root is its leaf and there are no nodes.
+    source ``-1 - child`` (sources of weight 0 are no leaf). With one such source the root is its
+    leaf and there are no nodes.
     """
-    heap = [(weight, order, -1 - order) for order, weight in enumerate(weights)]
+    heap = [(weight, order, -1 - order) for order, weight in enumerate(weights) if weight]
     heapq.heapify(heap)
     nodes: list[tuple[int, int, int, int]] = []
     while len(heap) > 1:
@@ -236,11 +322,11 @@ class MixtureOrder(WindowOrder):
         self._mixture = mixture
         # The schedule, from the weights alone: nothing a caller can reassign reaches the kernel,
         # which checks its tables itself.
-        root, nodes = schedule_tree(mixture.integer_weights)
         self._kernel = MixtureWindows(
-            root,
-            nodes,
-            mixture.integer_weights,
+            [
+                Stage(start, *schedule_tree(weights), weights)
+                for start, weights in mixture.integer_stages
+            ],
             [
                 (first, count, *implicit_domain(count))
                 for first, count in zip(first_windows.tolist(), counts.tolist(), strict=True)
@@ -267,12 +353,13 @@ class MixtureOrder(WindowOrder):
         return windows
 
     def fingerprint(self) -> dict[str, Any]:
-        """The sources' names, shards and integer weights, and the samples per epoch."""
+        """The sources' names and shards, the samples per epoch and the schedule's stages (a
+        state loads into a schedule that agrees with its own up to the state's position)."""
         mixture = self._mixture
         return {
             "mixture_sources": json.dumps(list(mixture.names)),
             "mixture_shards": json.dumps([len(c.shards) for c in mixture.sources.values()]),
-            "mixture_weights": json.dumps(list(mixture.integer_weights)),
+            **schedule_fingerprint(mixture.integer_stages),
             "samples": self.num_windows,
         }
 

@@ -159,7 +159,7 @@ def _fractions(fractions: Any) -> dict[str, float]:
             raise TypeError(f"fractions: split names must be str, got {name!r}")
         if not name:
             raise ValueError("fractions: a split name must not be empty")
-        exact = exact_weight(value, f"fractions[{name!r}]")
+        exact = exact_weight(value, f"fractions[{name!r}]", positive=True)
         # A score is -ln(u) * (1 / fraction) in float64: both the fraction and its inverse must
         # be finite normal floats (each name's scores must not depend on the other names, so
         # the fractions are not rescaled).
@@ -245,12 +245,17 @@ def _split_corpus(
 def _split_mixture(
     mixture: Mixture, weights: dict[str, float], seed: int, range_tokens: int
 ) -> dict[str, Mixture]:
-    """Each source split alone, then each split's sources mixed with the mixture's weights."""
+    """Each source split alone, then each split's sources mixed with the mixture's weights (its
+    stages, if it has several)."""
     parts = {
         source: split(corpus, weights, seed=seed, range_tokens=range_tokens)
         for source, corpus in mixture.sources.items()
     }
-    source_weights = dict(zip(mixture.names, mixture.integer_weights, strict=True))
+    stages = [
+        (start, dict(zip(mixture.names, weights, strict=True)))
+        for start, weights in mixture.integer_stages
+    ]
+    source_weights: Any = stages[0][1] if len(stages) == 1 else stages
     result = {}
     for name in weights:
         for source in mixture.names:

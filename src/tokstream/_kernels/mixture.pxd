@@ -15,8 +15,10 @@ ctypedef struct Node:
     uint64_t twice_q_magic
     uint64_t twice_q_shift
 
-# A source: its windows [first, first + windows) of the combined corpus, its permutation's
-# domain (high_size << low_bits), its integer weight and the divisor of its window count.
+# A source in one stage of the schedule: its windows [first, first + windows) of the combined
+# corpus, its permutation's domain (high_size << low_bits), its integer weight in the stage, the
+# divisor of its window count, and ``offset``: its samples in the stages before (its local index
+# at the stage's start, so that its epochs run on across stages).
 ctypedef struct Source:
     int64_t first
     int64_t windows
@@ -25,6 +27,7 @@ ctypedef struct Source:
     int64_t weight
     uint64_t windows_magic
     uint64_t windows_shift
+    int64_t offset
 
 # A row of the period table: the source of that sample and its local index there.
 ctypedef struct Row:

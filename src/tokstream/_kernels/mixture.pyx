@@ -95,7 +95,9 @@ cdef inline void _samples(
         else:
             k = first + step * <uint64_t>i
             s = _walk_tree(&k, root, nodes)
-        # s < len(sources) == len(caches): a source of the checked period table or tree.
+        # s < len(sources) == len(caches): a source of the checked period table or tree. Its
+        # samples of earlier stages come first: offset + k is at most the global sample index.
+        k += <uint64_t>sources[s].offset
         size = <uint64_t>sources[s].windows
         # Most often in the epoch the source's last sample was in; whatever the cache holds,
         # local < size keeps the position inside the source.
@@ -177,15 +179,18 @@ cdef class MixtureTables:
     With a period table (``period`` not empty: one period of the schedule, ``period_magic``
     and ``period_shift`` the divisor of its length) sample ``m W + r`` is local sample ``m w_s
     + j`` of the source ``s`` of row ``r``, ``j`` its local index there; without one each
-    sample walks the tree (``nodes``, ``root``). Source ``s``'s local sample ``j`` is position
+    sample walks the tree (``nodes``, ``root``). The tables are one stage's: its samples are
+    counted from the stage's start, and source ``s``'s ``j``-th of them is its local sample
+    ``sources[s].offset + j``. Source ``s``'s local sample ``j`` is position
     ``j mod n_s`` of its epoch ``j div n_s``, window ``first + position``; shuffled, the
     position goes through the implicit permutation of that source-epoch (``keys[s]`` its round
     keys, seeded by ``seed``, stream ``s + 1``). ``caches[s]`` remembers the source's last
     epoch and whose keys ``keys[s]`` holds: a shortcut only (any content gives the same
     windows).
 
-    The caller (``tokstream._schedule``) guarantees tables it checked and froze, and
-    ``len(caches) == len(keys) == len(sources)``.
+    The caller (``tokstream._schedule``) guarantees tables it checked and froze,
+    ``len(caches) == len(keys) == len(sources)``, and offsets that count samples before the
+    stage, so that an offset plus a stage's sample index stays below the global sample index.
     """
 
     cdef const Node[::1] nodes
