@@ -264,18 +264,21 @@ SEARCH_MAIN = r"""
 #include <inttypes.h>
 #include "portable.h"
 int main(void) {
-    /* Each line: low high value n v[0] ... v[n-1]; prints first64 first16 last16. */
+    /* Each line: low high value n v[0] ... v[n-1]; prints first64 first16 last16 first32. */
     int64_t low, high, value, n, i, v64[512];
     uint16_t v16[512];
+    int32_t v32[512];
     while (scanf("%" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64, &low, &high, &value, &n) == 4) {
         for (i = 0; i < n; i++) {
             if (scanf("%" SCNd64, &v64[i]) != 1) return 1;
             v16[i] = (uint16_t)v64[i];
+            v32[i] = (int32_t)(uint32_t)v64[i];
         }
-        printf("%" PRId64 " %" PRId64 " %" PRId64 "\n",
+        printf("%" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 "\n",
                tokstream_first_equal64(v64, low, high, value),
                tokstream_first_equal16(v16, low, high, (uint16_t)value),
-               tokstream_last_equal16(v16, low, high, (uint16_t)value));
+               tokstream_last_equal16(v16, low, high, (uint16_t)value),
+               tokstream_first_equal32(v32, low, high, (int32_t)(uint32_t)value));
     }
     return 0;
 }
@@ -286,14 +289,15 @@ int main(void) {
     "defines", [[], ["-DTOKSTREAM_PORTABLE_SCAN"]], ids=["sse2-where-present", "portable"]
 )
 def test_equality_searches_find_the_first_and_last_match_in_range(tmp_path, defines):
-    """The eos searches of the document kernel, vectorised and plain C, against NumPy."""
+    """The eos searches of the document kernel, vectorised and plain C, against NumPy (the
+    32-bit one over the low 32 bits: a row written with out_dtype="int32")."""
     rng = np.random.default_rng(0)
     cases = []
     for _ in range(400):
         n = int(rng.integers(0, 100))
-        value = int(rng.choice([3, 2**33 + 3, 65535]))
+        value = int(rng.choice([3, 2**33 + 3, 65535, 2**31 - 1]))
         # Ids equal to the value in one 32-bit half only, or in other bits than the low 16.
-        values = rng.choice([value ^ 2**40, value ^ 1, value ^ 2**17, 7], n)
+        values = rng.choice([value ^ 2**40, value ^ 1, value ^ 2**17, value ^ 2**31, 7], n)
         values[rng.random(n) < rng.choice([0.0, 0.01, 0.1, 0.5])] = value
         low = int(rng.integers(0, n + 1))
         cases.append((low, int(rng.integers(low, n + 1)), value, values.astype(np.int64)))
@@ -305,10 +309,12 @@ def test_equality_searches_find_the_first_and_last_match_in_range(tmp_path, defi
     for line, (low, high, value, v) in zip(out.splitlines(), cases, strict=True):
         hits64 = low + np.flatnonzero(v[low:high] == value)
         hits16 = low + np.flatnonzero(v[low:high].astype(np.uint16) == np.uint16(value % 2**16))
+        hits32 = low + np.flatnonzero(v[low:high].astype(np.uint32) == np.uint32(value % 2**32))
         want = (
             int(hits64[0]) if len(hits64) else high,
             int(hits16[0]) if len(hits16) else high,
             int(hits16[-1]) if len(hits16) else low - 1,
+            int(hits32[0]) if len(hits32) else high,
         )
         assert tuple(int(x) for x in line.split()) == want, (low, high, value, v)
 

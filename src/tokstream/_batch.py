@@ -43,14 +43,14 @@ _NO_PIECES = np.empty(0, np.int32)
 
 def new_buffers(options: StreamOptions, rows: int) -> dict[str, np.ndarray]:
     """Uninitialised buffers for a batch of ``rows`` windows."""
-    block = options.block
+    block, out = options.block, np.dtype(options.out_dtype)
     buffers = {
-        "input_ids": np.empty((rows, block), np.int64),
-        "labels": np.empty((rows,) if options.targets == "next" else (rows, block), np.int64),
+        "input_ids": np.empty((rows, block), out),
+        "labels": np.empty((rows,) if options.targets == "next" else (rows, block), out),
     }
     if {"position_ids", "cu_seqlens"}.intersection(options.extras):
         # cu_seqlens is read from the position ids.
-        buffers["position_ids"] = np.empty((rows, block), np.int64)
+        buffers["position_ids"] = np.empty((rows, block), out)
     if "loss_mask" in options.extras:
         # Filled by the document kernel: one flag per label.
         width = 1 if options.targets == "next" else block
@@ -141,7 +141,7 @@ class WindowFill:
         self.space = space
         self._block = space.block
         dtype = space.corpus.dtype
-        key = f"{dtype.name}_t"
+        key = kernel_key(dtype, options)
         self._gather_windows = gather_windows.__signatures__[key]
         self._gather_at = gather_at.__signatures__[key]
         self._gather_documents = gather_documents.__signatures__[key]
@@ -150,6 +150,7 @@ class WindowFill:
         # Windows whose cache lines the kernels request ahead of the copy (0: none).
         self._cache_ahead = cache_ahead(space.block, dtype) if space.random_order else 0
         self._one_shard = space.one_shard
+        self._refuse = _OutsideOutDtype(dtype, options.out_dtype)
 
     def __call__(
         self,
@@ -176,20 +177,22 @@ class WindowFill:
         if self._one_shard is not None and not documents:
             # One segment in one shard: the kernel maps indices to first tokens itself.
             shard, stride, base = self._one_shard
-            self._gather_windows(
+            if not self._gather_windows(
                 shard, windows_index, windows, next_tokens, targets, self._cache_ahead, stride, base
-            )
+            ):
+                raise self._refuse()
             return
         starts, addresses, readable = self.space.locate(windows_index)
         # The addresses are valid until readable is released (shards read on demand).
         with readable:
             if not documents:
-                self._gather_at(
+                if not self._gather_at(
                     self._anchor, addresses, windows, next_tokens, targets, self._cache_ahead
-                )
+                ):
+                    raise self._refuse()
                 return
             document_starts, document_buckets, document_shift, eos, use_eos = self.space.documents
-            self._gather_documents(
+            fitted = self._gather_documents(
                 self._anchor,
                 addresses,
                 starts,
@@ -207,6 +210,8 @@ class WindowFill:
                 document_ids,
                 np.empty((windows_index.shape[0], 3), np.int64),
             )
+        if not fitted:
+            raise self._refuse()
 
 
 class PackedFill:
@@ -219,9 +224,10 @@ class PackedFill:
         self._block = space.block
         self._pad = space.pad
         dtype = space.corpus.dtype
-        self._fill_packed = fill_packed.__signatures__[f"{dtype.name}_t"]
+        self._fill_packed = fill_packed.__signatures__[kernel_key(dtype, options)]
         # Selects the kernel's specialisation only; the pieces are read from their addresses.
         self._anchor = np.empty(0, dtype)
+        self._refuse = _OutsideOutDtype(dtype, options.out_dtype)
 
     def __call__(
         self,
@@ -240,7 +246,7 @@ class PackedFill:
             label_continues, document_ids, shifted_only=True,
         )  # fmt: skip
         for first, rows, (row_offsets, addresses, lengths) in self.space.row_runs(windows_index):
-            self._fill_packed(
+            fitted = self._fill_packed(
                 self._anchor,
                 addresses,
                 lengths,
@@ -254,10 +260,39 @@ class PackedFill:
                 position_ids,
                 document_ids,
             )
+            if not fitted:
+                raise self._refuse()
 
 
 #: A batch's filler: the kernel calls for a window space or a packed one.
 Fill: TypeAlias = WindowFill | PackedFill
+
+
+def kernel_key(dtype: np.dtype, options: StreamOptions) -> str:
+    """The key of a copy kernel's specialisation for tokens of ``dtype`` written in the
+    stream's ``out_dtype`` (e.g. ``"uint16_t|int32_t"``), so no batch pays the fused-type
+    dispatch."""
+    return f"{dtype.name}_t|{options.out_dtype}_t"
+
+
+class _OutsideOutDtype:
+    """The error of a batch holding a token its ``out_dtype`` cannot hold.
+
+    Only ``out_dtype="int32"`` over uint32, int64 or uint64 tokens can meet one: those corpora
+    are not scanned up front (a memory-mapped corpus of 10**10 tokens would take minutes), so
+    each copy checks the tokens it writes, and a batch with a token outside int32 is refused
+    whole, before the cursor moves; the stream stays where it was.
+    """
+
+    def __init__(self, dtype: np.dtype, output: str) -> None:
+        self._message = (
+            f"a token of this batch does not fit out_dtype={output!r} (the corpus holds "
+            f"{dtype.name} tokens; int32 holds ids in [-2**31, 2**31 - 1]): use "
+            "out_dtype='int64'; the stream has not moved"
+        )
+
+    def __call__(self) -> ValueError:
+        return ValueError(self._message)
 
 
 def filler(space: WindowSpace | PackedSpace, options: StreamOptions) -> Fill:

@@ -20,6 +20,7 @@ from tokstream._validate import (
     exact_int,
     names_from,
     nonnegative_int,
+    out_dtype,
     positive_int,
     shown,
     stream_controls,
@@ -32,6 +33,8 @@ Targets = Literal["next", "shifted"]
 Permutation = Literal["materialized", "implicit"]
 #: The window policy: where windows lie (across documents, inside one, or packed into rows).
 WindowPolicy = Literal["cross", "within", "packed"]
+#: The dtype a batch's tokens (windows, targets) and position ids are written in.
+OutDtype = Literal["int64", "int32"]
 
 TARGETS: tuple[Targets, ...] = get_args(Targets)
 PERMUTATIONS: tuple[Permutation, ...] = get_args(Permutation)
@@ -72,6 +75,7 @@ class StreamOptions:
     extras: tuple[str, ...] = ()
     samples: int | None = None
     pad: int | None = None
+    out_dtype: OutDtype = "int64"
 
     @classmethod
     def create(
@@ -160,6 +164,9 @@ class StreamOptions:
         reuse_buffers = nonnegative_int(values["reuse_buffers"], "reuse_buffers")
         if eos is not None and token_dtype is not None:
             eos = token_id(eos, token_dtype, "eos")
+        output = out_dtype(values["out_dtype"])
+        if output == "int32":
+            _int32_checks(block, pad)
         return cls(
             block=block,
             batch_size=batch_size,
@@ -179,6 +186,7 @@ class StreamOptions:
             extras=extras,
             samples=samples,
             pad=pad,
+            out_dtype=output,
         )
 
     @property
@@ -221,6 +229,19 @@ def _packed_checks(
             "(it defaults to eos= when that is given)"
         )
     return eos if pad is None else pad
+
+
+def _int32_checks(block: int, pad: int | None) -> None:
+    """What ``out_dtype="int32"`` needs of the other options: position ids (below ``block``)
+    and the padding token must fit. Tokens read from the corpus are checked as each batch is
+    copied (see :mod:`tokstream._batch`)."""
+    if block > INT32_MAX + 1:
+        raise ValueError(
+            f"out_dtype='int32' holds position ids below 2**31, but block={block} positions "
+            "do not fit: use out_dtype='int64'"
+        )
+    if pad is not None and not -INT32_MAX - 1 <= pad <= INT32_MAX:
+        raise ValueError(f"pad={pad} does not fit out_dtype='int32' ([-2**31, 2**31 - 1])")
 
 
 def default_permutation(reference_input: bool, reference_windows: bool) -> Permutation:

@@ -150,6 +150,29 @@ def token_id(value: int, dtype: np.dtype, name: str) -> int:
     return value
 
 
+#: The dtypes a batch's tokens and position ids may be written in (``out_dtype=``).
+OUT_DTYPES = ("int64", "int32")
+
+
+def out_dtype(value: Any, name: str = "out_dtype") -> str:
+    """The name of the output dtype ``value`` spells (a str or an ``np.dtype``): ``"int64"``
+    or ``"int32"``, native byte order; a TypeError for another kind, a ValueError for another
+    dtype."""
+    if not isinstance(value, (str, np.dtype)):
+        raise TypeError(
+            f"{name} must be 'int64' or 'int32' (a str or np.dtype), got {shown(value)} "
+            f"({type(value).__name__})"
+        )
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        dtype = None
+    for option in OUT_DTYPES:
+        if dtype is not None and dtype == np.dtype(option) and dtype.isnative:
+            return option
+    raise ValueError(f"{name} must be 'int64' or 'int32', got {shown(value)}")
+
+
 def integer_dtype(dtype: Any, name: str) -> np.dtype:
     """``dtype`` as an integer ``np.dtype`` (any size and byte order), else a TypeError.
 

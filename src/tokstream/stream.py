@@ -37,11 +37,11 @@ class TokenStream(Iterator[Batch]):
     """An iterator of ``(windows, targets)`` micro-batches with a resumable cursor.
 
     Takes the arguments of :func:`stream_token_source`, which documents them. Each batch is
-    fresh memory the caller owns: ``windows`` is a C-contiguous, writeable ``(b, block)`` int64
-    array and the targets are ``(b,)`` int64 next tokens (``targets="next"``) or the ``(b,
-    block)`` windows shifted by one token (``targets="shifted"``). No later batch writes into
-    it while anything of the caller's refers to it; once the caller holds nothing of it, its
-    buffers serve a later batch (``tokstream._batch.BufferPool``).
+    fresh memory the caller owns: ``windows`` is a C-contiguous, writeable ``(b, block)`` array
+    of ``out_dtype`` and the targets are ``(b,)`` next tokens (``targets="next"``) or the ``(b,
+    block)`` windows shifted by one token (``targets="shifted"``), of the same dtype. No later
+    batch writes into it while anything of the caller's refers to it; once the caller holds
+    nothing of it, its buffers serve a later batch (``tokstream._batch.BufferPool``).
 
     With ``reuse_buffers=k`` the stream instead cycles through preallocated batches: a batch
     stays intact until the caller has received ``k`` more, then its arrays are overwritten, so a
@@ -98,7 +98,7 @@ class TokenStream(Iterator[Batch]):
         self._closed = False
         self._cursor = self._order.first_cursor()
         self._ring: list[dict[str, np.ndarray]] = []
-        self._ring_next = 0
+        self._ring_next = self._ring_after = 0
         # Fresh batches: a batch held by the caller, or waiting in the prefetch queue, or being
         # made, keeps its set; the rest are taken back.
         self._fresh = _batch.BufferPool(options, self._order.max_rows, options.prefetch + 2)
@@ -232,8 +232,7 @@ class TokenStream(Iterator[Batch]):
             order.fill_extras(windows_index, buffers)
             batch = _batch.assemble(buffers, options.extras)
         else:
-            # The plain batch, without the buffer bookkeeping: this is the per-batch fixed cost
-            # that small batches of long windows feel.
+            # The plain batch, without the buffer bookkeeping (the fixed cost small batches feel).
             if options.reuse_buffers:
                 # Views: a caller reshaping what it was handed leaves the ring's arrays be.
                 slot = self._ring_slot()
@@ -245,8 +244,8 @@ class TokenStream(Iterator[Batch]):
             else:
                 self._fill(windows_index, windows, None, labels)
             batch = windows, labels
-        # The cursor moves in one assignment, so an interrupt leaves it before or after.
-        self._cursor = order.after(cursor)
+        # One assignment once the batch is made: an interrupt or a refused batch moves neither.
+        self._cursor, self._ring_next = order.after(cursor), self._ring_after
         return batch
 
     def _ring_slot(self) -> dict[str, np.ndarray]:
@@ -260,7 +259,7 @@ class TokenStream(Iterator[Batch]):
         index = self._ring_next
         if index == len(self._ring):
             self._ring.append(_batch.new_buffers(self._options, self._order.max_rows))
-        self._ring_next = (index + 1) % self._options.ring_size
+        self._ring_after = (index + 1) % self._options.ring_size
         return self._ring[index]
 
     def close(self) -> None:
@@ -454,7 +453,6 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         received ``k`` more (saves the page faults of a fresh multi-MB buffer per batch). With
         ``prefetch=p`` that takes ``k + p + 1`` buffers, since up to ``p + 1`` batches are
         assembled ahead of the caller.
-
     stride
         Window starts ``0, stride, 2 * stride, ...`` in each shard (or document) while
         ``start + block < len``. ``stride=block`` gives non-overlapping samples of ``block + 1``
@@ -466,12 +464,14 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         ``block + 1`` tokens lie inside one document, at ``document_start + k * stride``:
         shorter documents are dropped (``Corpus.tokens_in_windows`` counts the tokens kept).
     extras
-        ``"position_ids"``, ``"loss_mask"``, ``"cu_seqlens"``, ``"document_ids"`` (each
-        token's piece within its row), ``"origin"`` (each row's shard
-        and first token in it), ``"source"`` (a mixture's): each
-        batch is then a dict of ``"input_ids"``, ``"labels"`` and these (:mod:`tokstream._batch`).
+        ``"position_ids"``, ``"loss_mask"``, ``"cu_seqlens"``, ``"document_ids"`` (each token's
+        piece within its row), ``"origin"`` (each row's shard and first token in it), ``"source"``
+        (a mixture's): each batch is a dict of ``"input_ids"``, ``"labels"`` and these.
     samples
         A mixture's samples per epoch (default: its sources' windows together).
+    out_dtype
+        ``"int64"`` (default) or ``"int32"``: the dtype of windows, targets and position ids,
+        written by the copy itself; a batch holding a token int32 cannot hold raises ValueError.
 
     Returns
     -------

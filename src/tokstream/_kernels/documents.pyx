@@ -11,12 +11,15 @@ cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from tokstream._kernels.copy cimport copy_window, prefetch_window
-from tokstream._kernels.types cimport token_t
+from tokstream._kernels.types cimport out_t, token_t
 from libc.string cimport memcpy, memset
 
 cdef extern from "portable.h":
     int64_t tokstream_first_equal64(
         const int64_t *values, int64_t low, int64_t high, int64_t value
+    ) noexcept nogil
+    int64_t tokstream_first_equal32(
+        const int32_t *values, int64_t low, int64_t high, int32_t value
     ) noexcept nogil
     int64_t tokstream_first_equal16(
         const uint16_t *tokens, int64_t low, int64_t high, uint16_t value
@@ -51,32 +54,52 @@ cdef inline Py_ssize_t _first_above(
     return base + (sorted_values[base] <= value)
 
 
-# 0, 1, 2, ...: a piece's position ids are copied from here by memcpy, which stores 32 or 64
-# bytes at a time where the CPU can (AVX2, AVX-512); the compiler's baseline x86-64 loop
-# stores 16.
+# 0, 1, 2, ... in each output dtype: a piece's position ids are copied from here by memcpy,
+# which stores 32 or 64 bytes at a time where the CPU can (AVX2, AVX-512); the compiler's
+# baseline x86-64 loop stores 16.
 cdef enum:
     RAMP_LENGTH = 4096
-cdef int64_t _RAMP[RAMP_LENGTH]
+cdef int64_t _RAMP64[RAMP_LENGTH]
+cdef int32_t _RAMP32[RAMP_LENGTH]
 
 
-cdef void _fill_ramp() noexcept:
+cdef void _fill_ramps() noexcept:
     cdef Py_ssize_t j
     for j in range(RAMP_LENGTH):
-        _RAMP[j] = j
+        _RAMP64[j] = j
+        _RAMP32[j] = <int32_t>j
 
 
-_fill_ramp()
+_fill_ramps()
 
 
-cdef inline void _ramp(int64_t *out, Py_ssize_t length) noexcept nogil:
-    # 0, 1, 2, ..., length - 1.
+cdef inline void _ramp(out_t *out, Py_ssize_t length) noexcept nogil:
+    # 0, 1, 2, ..., length - 1 (length <= block, which fits out_t: StreamOptions' rule).
     cdef Py_ssize_t j
+    cdef const void *ramp
+    if out_t is int32_t:
+        ramp = <const void *>_RAMP32
+    else:
+        ramp = <const void *>_RAMP64
     if length <= RAMP_LENGTH:
-        memcpy(out, _RAMP, length * sizeof(int64_t))
+        memcpy(out, ramp, length * sizeof(out_t))
         return
-    memcpy(out, _RAMP, RAMP_LENGTH * sizeof(int64_t))
+    memcpy(out, ramp, RAMP_LENGTH * sizeof(out_t))
     for j in range(RAMP_LENGTH, length):
-        out[j] = j
+        out[j] = <out_t>j
+
+
+cdef inline int64_t _first_equal(
+    const out_t *row, int64_t low, int64_t high, int64_t value
+) noexcept nogil:
+    # The first j in [low, high) with row[j] == value, else high; a value out_t cannot hold is
+    # in no row (a token that does not fit makes the whole batch refused anyway).
+    if out_t is int32_t:
+        if <int64_t><int32_t>value != value:
+            return high
+        return tokstream_first_equal32(row, low, high, <int32_t>value)
+    else:
+        return tokstream_first_equal64(row, low, high, value)
 
 
 # Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
@@ -85,21 +108,21 @@ def gather_documents(
     const token_t[::1] anchor,
     const uint64_t[::1] addresses,
     const int64_t[::1] starts,
-    int64_t[:, ::1] input_ids,
-    int64_t[::1] next_tokens,
-    int64_t[:, ::1] targets,
+    out_t[:, ::1] input_ids,
+    out_t[::1] next_tokens,
+    out_t[:, ::1] targets,
     Py_ssize_t cache_ahead,
     const int64_t[::1] document_starts,
     const int64_t[::1] document_buckets,
     int bucket_shift,
     int64_t eos,
     bint use_eos,
-    int64_t[:, ::1] position_ids,
+    out_t[:, ::1] position_ids,
     uint8_t[:, ::1] label_continues,
     int32_t[:, ::1] document_ids,
     int64_t[:, ::1] window_scratch,
 ):
-    """gather_documents(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] starts, int64_t[:, ::1] input_ids, int64_t[::1] next_tokens, int64_t[:, ::1] targets, Py_ssize_t cache_ahead, const int64_t[::1] document_starts, const int64_t[::1] document_buckets, int bucket_shift, int64_t eos, bint use_eos, int64_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, int32_t[:, ::1] document_ids, int64_t[:, ::1] window_scratch)
+    """gather_documents(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] starts, out_t[:, ::1] input_ids, out_t[::1] next_tokens, out_t[:, ::1] targets, Py_ssize_t cache_ahead, const int64_t[::1] document_starts, const int64_t[::1] document_buckets, int bucket_shift, int64_t eos, bint use_eos, out_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, int32_t[:, ::1] document_ids, int64_t[:, ::1] window_scratch) -> bool
 
     :func:`tokstream._kernels.gather.gather_at` (row ``i`` from ``addresses[i]``, the address
     of token ``starts[i]`` of the shards laid end to end; ``next_tokens`` or ``targets``;
@@ -127,6 +150,9 @@ def gather_documents(
     ``window_scratch[i, 1:]``) while its tokens are in cache; for other dtypes the metadata loop
     searches the copied row.
 
+    The tokens and position ids are written in ``out_t`` (int64 or int32); returns False as
+    :func:`tokstream._kernels.gather.gather_windows` does when a token does not fit it.
+
     The caller guarantees that each address is token ``starts[i]``'s, whose window's ``block +
     1`` tokens lie in a live token array (``lookup_windows`` checks it in the debug build);
     buffers of ``len(starts)`` rows: ``input_ids``, ``targets`` and ``position_ids`` of width
@@ -152,8 +178,9 @@ def gather_documents(
     if token_t is uint16_t or token_t is int16_t:
         eos_in_copy = use_eos and <int64_t><token_t>eos == eos
     cdef int64_t start
+    cdef uint64_t outside = 0
     cdef const token_t *window
-    cdef int64_t *out
+    cdef out_t *out
     cdef uint8_t *continues
     with nogil:
         for i in range(count):
@@ -171,7 +198,7 @@ def gather_documents(
                 prefetch_window(<const token_t *><size_t>addresses[i + cache_ahead], block)
             # Every window's block + 1 tokens lie in its segment (lookup_windows' guarantee).
             window = <const token_t *><size_t>addresses[i]
-            copy_window(
+            outside |= copy_window(
                 window,
                 block,
                 &input_ids[i, 0],
@@ -223,7 +250,7 @@ def gather_documents(
                     # Searched for in the copied row, still cached where the corpus' lines went
                     # by with the copies, up to where the recorded start breaks the row anyway.
                     limit = next_piece - 1 if next_piece <= block else block
-                    found = tokstream_first_equal64(&input_ids[i, 0], piece, limit, eos)
+                    found = _first_equal(&input_ids[i, 0], piece, limit, eos)
                     if found < limit:
                         next_piece = found + 1
                 end = next_piece if next_piece < block else block
@@ -255,17 +282,20 @@ def gather_documents(
                     break
                 piece = next_piece
                 piece_index += 1
+    return outside == 0
 
 
-cdef inline Py_ssize_t _piece_start(const int64_t *row, Py_ssize_t j) noexcept nogil:
+cdef inline Py_ssize_t _piece_start(const out_t *row, Py_ssize_t j) noexcept nogil:
     # The first column of the piece that column j ends: j - row[j], for the position ids the
     # kernel wrote; any other value gives j (a piece of one), so the walk stays in the row.
     cdef int64_t position = row[j]
     return j - position if 0 <= position <= j else j
 
 
-def document_pieces(const int64_t[:, ::1] position_ids, int32_t[::1] piece_starts):
-    """document_pieces(const int64_t[:, ::1] position_ids, int32_t[::1] piece_starts) -> tuple
+# Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
+@cython.embedsignature(False)
+def document_pieces(const out_t[:, ::1] position_ids, int32_t[::1] piece_starts):
+    """document_pieces(const out_t[:, ::1] position_ids, int32_t[::1] piece_starts) -> tuple
 
     Count the document pieces of the flattened batch (a piece starts at every 0 of
     ``position_ids``) and write the first ``len(piece_starts)`` of their starts, as flat
@@ -281,7 +311,7 @@ def document_pieces(const int64_t[:, ::1] position_ids, int32_t[::1] piece_start
     cdef Py_ssize_t rows = position_ids.shape[0], block = position_ids.shape[1]
     cdef Py_ssize_t capacity = piece_starts.shape[0]
     cdef Py_ssize_t found = 0, longest = 0, r, j, first, count, slot
-    cdef const int64_t *row
+    cdef const out_t *row
     if block == 0:
         return 0, 0
     with nogil:

@@ -3,18 +3,21 @@
 import numpy as np
 import numpy.typing as npt
 
+#: A batch buffer: the stream's out_dtype (``out_t``: int64 or int32).
+Out = npt.NDArray[np.int64] | npt.NDArray[np.int32]
+
 DEBUG_BUILD: bool
 
 def gather_windows(
     tokens: npt.NDArray[np.integer],  # const token_t[::1], any of the 8 fixed-width int dtypes
     starts: npt.NDArray[np.int64],  # const int64_t[:]
-    input_ids: npt.NDArray[np.int64],  # int64_t[:, ::1], shape (b, block)
-    next_tokens: npt.NDArray[np.int64] | None = ...,  # int64_t[::1], shape (b,)
-    targets: npt.NDArray[np.int64] | None = ...,  # int64_t[:, ::1], shape (b, block)
+    input_ids: Out,  # out_t[:, ::1], shape (b, block)
+    next_tokens: Out | None = ...,  # out_t[::1], shape (b,)
+    targets: Out | None = ...,  # out_t[:, ::1], shape (b, block)
     cache_ahead: int = ...,  # Py_ssize_t, windows prefetched ahead into the cache; 0: none
     stride: int = ...,  # int64_t, window i starts at offset + stride * starts[i]
     offset: int = ...,  # int64_t
-) -> None: ...
+) -> bool: ...  # False: a token does not fit the output dtype
 def lookup_windows(
     windows_index: npt.NDArray[np.int64],  # const int64_t[:]
     offsets: npt.NDArray[np.int64],  # const int64_t[::1], cumulative windows per segment
@@ -33,8 +36,8 @@ def lookup_windows(
 def gather_at(
     anchor: npt.NDArray[np.integer],  # const token_t[::1], any token array (selects the dtype)
     addresses: npt.NDArray[np.uint64],  # const uint64_t[::1], each window's first token
-    input_ids: npt.NDArray[np.int64],  # int64_t[:, ::1], shape (b, block)
-    next_tokens: npt.NDArray[np.int64] | None = ...,  # int64_t[::1], shape (b,)
-    targets: npt.NDArray[np.int64] | None = ...,  # int64_t[:, ::1], shape (b, block)
+    input_ids: Out,  # out_t[:, ::1], shape (b, block)
+    next_tokens: Out | None = ...,  # out_t[::1], shape (b,)
+    targets: Out | None = ...,  # out_t[:, ::1], shape (b, block)
     cache_ahead: int = ...,  # Py_ssize_t, windows prefetched ahead into the cache; 0: none
-) -> None: ...
+) -> bool: ...  # False: a token does not fit the output dtype

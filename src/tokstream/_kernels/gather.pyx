@@ -7,10 +7,13 @@ one array (one segment: a window's first token is an affine function of its inde
 mixture's sources) and writes its first token's position and address; :func:`gather_at` (and
 the document kernel) then copy from those addresses, every shard in one call.
 
-Nothing here validates or allocates. The Python side (``tokstream._space``) hands in
-C-contiguous int64 output buffers of the right shapes and windows it has proven to be in range;
-the release build then runs with bounds checks off, the debug build (``TOKSTREAM_DEBUG=1`` at
-build time) with them on.
+Nothing here validates or allocates. The Python side (``tokstream._batch``) hands in
+C-contiguous output buffers of the right shapes, int64 or int32 (``out_t``: the stream's
+``out_dtype``, written directly by the copy), and windows it has proven to be in range; the
+release build then runs with bounds checks off, the debug build (``TOKSTREAM_DEBUG=1`` at build
+time) with them on. The copies return whether every token fitted the output dtype (only a
+32-bit output of uint32, int64 or uint64 tokens can fail to), so that no batch holding a
+wrapped-around token is ever handed out.
 """
 
 cimport cython
@@ -18,7 +21,7 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, u
 
 from tokstream._kernels.copy cimport copy_window, prefetch_window
 from tokstream._kernels.segments cimport find_segments
-from tokstream._kernels.types cimport token_t
+from tokstream._kernels.types cimport out_t, token_t
 
 cdef extern from *:
     """
@@ -38,14 +41,14 @@ DEBUG_BUILD = bool(TOKSTREAM_DEBUG)
 def gather_windows(
     const token_t[::1] tokens,
     const int64_t[:] starts,
-    int64_t[:, ::1] input_ids,
-    int64_t[::1] next_tokens=None,
-    int64_t[:, ::1] targets=None,
+    out_t[:, ::1] input_ids,
+    out_t[::1] next_tokens=None,
+    out_t[:, ::1] targets=None,
     Py_ssize_t cache_ahead=0,
     int64_t stride=1,
     int64_t offset=0,
 ):
-    """gather_windows(const token_t[::1] tokens, const int64_t[:] starts, int64_t[:, ::1] input_ids, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, Py_ssize_t cache_ahead=0, int64_t stride=1, int64_t offset=0)
+    """gather_windows(const token_t[::1] tokens, const int64_t[:] starts, out_t[:, ::1] input_ids, out_t[::1] next_tokens=None, out_t[:, ::1] targets=None, Py_ssize_t cache_ahead=0, int64_t stride=1, int64_t offset=0) -> bool
 
     Copy window ``i`` (``block`` tokens from ``s = offset + stride * starts[i]``) into row
     ``i`` of ``input_ids``: ``stride`` and ``offset`` map window indices of one segment to their
@@ -58,6 +61,9 @@ def gather_windows(
     (:func:`tokstream._space.cache_ahead` chooses ``d``); 0 requests none, for consecutive
     windows, which the hardware prefetcher already streams.
 
+    Returns False when a token of a window (or its next token) does not fit the output dtype;
+    the buffers then hold wrapped values and must not be handed out.
+
     The caller guarantees ``0 <= s`` and ``s + block < len(tokens)`` for every window and
     buffers of ``len(starts)`` rows (the targets of width ``block``).
     """
@@ -66,6 +72,7 @@ def gather_windows(
     cdef bint shifted = targets is not None
     cdef Py_ssize_t i
     cdef int64_t start, checked = 0
+    cdef uint64_t outside = 0
     with nogil:
         for i in range(count):
             if cache_ahead > 0 and cache_ahead < count - i:
@@ -76,13 +83,14 @@ def gather_windows(
             start = offset + stride * starts[i]
             if TOKSTREAM_DEBUG:
                 checked += tokens[start + block]
-            copy_window(
+            outside |= copy_window(
                 &tokens[start],
                 block,
                 &input_ids[i, 0],
                 &targets[i, 0] if shifted else NULL,
                 NULL if shifted else &next_tokens[i],
             )
+    return outside == 0
 
 
 def lookup_windows(
@@ -150,16 +158,17 @@ def lookup_windows(
 def gather_at(
     const token_t[::1] anchor,
     const uint64_t[::1] addresses,
-    int64_t[:, ::1] input_ids,
-    int64_t[::1] next_tokens=None,
-    int64_t[:, ::1] targets=None,
+    out_t[:, ::1] input_ids,
+    out_t[::1] next_tokens=None,
+    out_t[:, ::1] targets=None,
     Py_ssize_t cache_ahead=0,
 ):
-    """gather_at(const token_t[::1] anchor, const uint64_t[::1] addresses, int64_t[:, ::1] input_ids, int64_t[::1] next_tokens=None, int64_t[:, ::1] targets=None, Py_ssize_t cache_ahead=0)
+    """gather_at(const token_t[::1] anchor, const uint64_t[::1] addresses, out_t[:, ::1] input_ids, out_t[::1] next_tokens=None, out_t[:, ::1] targets=None, Py_ssize_t cache_ahead=0) -> bool
 
     :func:`gather_windows` for windows given by the address of their first token
-    (:func:`lookup_windows`): row ``i`` from ``addresses[i]``. ``anchor`` is any of the token
-    arrays, for the dtype.
+    (:func:`lookup_windows`): row ``i`` from ``addresses[i]``. ``anchor`` is any array of the
+    tokens' dtype (it only selects the specialisation). Returns False as
+    :func:`gather_windows` does.
 
     The caller guarantees that each address is a window's first token whose ``block + 1``
     tokens lie in a live token array (:func:`lookup_windows` checks it in the debug build) and
@@ -169,17 +178,19 @@ def gather_at(
     cdef Py_ssize_t block = input_ids.shape[1]
     cdef bint shifted = targets is not None
     cdef Py_ssize_t i
+    cdef uint64_t outside = 0
     with nogil:
         for i in range(count):
             if cache_ahead > 0 and cache_ahead < count - i:
                 # i + cache_ahead < count: a looked-up window's first token.
                 prefetch_window(<const token_t *><size_t>addresses[i + cache_ahead], block)
             # Every window's block + 1 tokens lie in its segment (lookup_windows' guarantee);
-            # input_ids has a row per address (WindowSpace checks the buffers' shapes).
-            copy_window(
+            # input_ids has a row per address (_batch.check_shapes checks the buffers).
+            outside |= copy_window(
                 <const token_t *><size_t>addresses[i],
                 block,
                 &input_ids[i, 0],
                 &targets[i, 0] if shifted else NULL,
                 NULL if shifted else &next_tokens[i],
             )
+    return outside == 0

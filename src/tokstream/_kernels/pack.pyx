@@ -9,7 +9,8 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 
 from libc.string cimport memcpy
 
-from tokstream._kernels.types cimport token_t
+from tokstream._kernels.copy cimport outside_out
+from tokstream._kernels.types cimport out_t, token_t
 
 cdef extern from "portable.h":
     void TOKSTREAM_PREFETCH(const void *p) noexcept nogil
@@ -203,13 +204,13 @@ def fill_packed(
     const int64_t[::1] rows,
     Py_ssize_t first_row,
     int64_t pad,
-    int64_t[:, ::1] input_ids,
-    int64_t[:, ::1] labels,
+    out_t[:, ::1] input_ids,
+    out_t[:, ::1] labels,
     uint8_t[:, ::1] label_continues,
-    int64_t[:, ::1] position_ids,
+    out_t[:, ::1] position_ids,
     int32_t[:, ::1] document_ids,
 ):
-    """fill_packed(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] lengths, const int64_t[::1] row_offsets, const int64_t[::1] rows, Py_ssize_t first_row, int64_t pad, int64_t[:, ::1] input_ids, int64_t[:, ::1] labels, uint8_t[:, ::1] label_continues, int64_t[:, ::1] position_ids, int32_t[:, ::1] document_ids)
+    """fill_packed(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] lengths, const int64_t[::1] row_offsets, const int64_t[::1] rows, Py_ssize_t first_row, int64_t pad, out_t[:, ::1] input_ids, out_t[:, ::1] labels, uint8_t[:, ::1] label_continues, out_t[:, ::1] position_ids, int32_t[:, ::1] document_ids) -> bool
 
     Row ``first_row + k`` of the batch is row ``t = rows[k]`` of the table: pieces
     ``row_offsets[t] .. row_offsets[t + 1] - 1`` laid side by side from slot 0 of ``block + 1``
@@ -220,13 +221,15 @@ def fill_packed(
     piece of the slot before it (0 at a piece's first token and in the padding),
     ``position_ids`` each input slot's place in its piece and ``document_ids`` its piece's
     number in the row, the padding counting as a piece of its own. The last three may be
-    None, and are then not written.
+    None, and are then not written. Tokens and position ids are written in ``out_t`` (int64 or
+    int32); returns False when a token does not fit it (the rows are then wrong and must not
+    be handed out).
 
     The caller guarantees: every address readable for its piece's length (a piece of a shard
     the caller keeps alive), every length >= 1, each table row's lengths summing to at most
     ``block + 1``, ``row_offsets`` nondecreasing from 0 to ``len(lengths)``, every ``rows[k]``
     a table row (below ``len(row_offsets) - 1``), ``first_row + len(rows)`` at most the
-    buffers' rows and every buffer of width ``block``.
+    buffers' rows, every buffer of width ``block`` and ``pad`` (and ``block``) fitting out_t.
     """
     cdef Py_ssize_t count = rows.shape[0], block = input_ids.shape[1]
     cdef Py_ssize_t k, r, t, i, j, slot, length, inputs, piece
@@ -234,9 +237,10 @@ def fill_packed(
     cdef bint write_positions = position_ids is not None
     cdef bint write_documents = document_ids is not None
     cdef const token_t *tokens
-    cdef int64_t *inputs_row
-    cdef int64_t *labels_row
-    cdef int64_t last = pad
+    cdef out_t *inputs_row
+    cdef out_t *labels_row
+    cdef out_t last = <out_t>pad
+    cdef uint64_t outside = 0
     with nogil:
         for k in range(count):
             r = first_row + k
@@ -251,10 +255,12 @@ def fill_packed(
                 # Inputs are the slots below block; slot + length <= block + 1.
                 inputs = min(length, block - slot)
                 for j in range(inputs):
-                    inputs_row[slot + j] = tokens[j]
+                    inputs_row[slot + j] = <out_t>tokens[j]
+                    outside |= outside_out(tokens[j], inputs_row)
                 # The last slot is a label only.
                 if slot + length > block:
-                    last = tokens[block - slot]
+                    last = <out_t>tokens[block - slot]
+                    outside |= outside_out(tokens[block - slot], inputs_row)
                 if write_mask:
                     if slot > 0:
                         label_continues[r, slot - 1] = 0
@@ -262,7 +268,7 @@ def fill_packed(
                         label_continues[r, slot + j - 1] = 1
                 if write_positions:
                     for j in range(inputs):
-                        position_ids[r, slot + j] = j
+                        position_ids[r, slot + j] = <out_t>j
                 if write_documents:
                     for j in range(inputs):
                         document_ids[r, slot + j] = <int32_t>piece
@@ -270,16 +276,17 @@ def fill_packed(
                 piece += 1
             # The padding: slots slot .. block (the last is a label only).
             for j in range(slot, block):
-                inputs_row[j] = pad
+                inputs_row[j] = <out_t>pad
                 if write_positions:
-                    position_ids[r, j] = j - slot
+                    position_ids[r, j] = <out_t>(j - slot)
                 if write_documents:
                     document_ids[r, j] = <int32_t>piece
             if slot <= block:
-                last = pad
+                last = <out_t>pad
             for j in range(max(slot, 1), block + 1):
                 if write_mask:
                     label_continues[r, j - 1] = 0
             # Label j is slot j + 1: the inputs shifted by one, then the last slot.
-            memcpy(labels_row, inputs_row + 1, (block - 1) * sizeof(int64_t))
+            memcpy(labels_row, inputs_row + 1, (block - 1) * sizeof(out_t))
             labels_row[block - 1] = last
+    return outside == 0

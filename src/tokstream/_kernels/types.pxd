@@ -11,3 +11,8 @@ ctypedef fused token_t:
     uint16_t
     uint32_t
     uint64_t
+
+# The dtypes a kernel writes a batch's tokens and position ids in (StreamOptions.out_dtype).
+ctypedef fused out_t:
+    int32_t
+    int64_t
