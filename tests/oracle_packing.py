@@ -1,14 +1,23 @@
 """A slow NumPy oracle of packed batches: every array of the rows given by their pieces.
 
-The compiled fill (:func:`tokstream._kernels.pack.fill_packed`) is checked against it; the
-packing contract itself is checked by ``tests/test_packing.py`` from the document boundaries.
+The compiled fill (:func:`tokstream._kernels.pack.fill_packed`) is checked against it, and the
+compiled group packing (:func:`tokstream._kernels.pack.pack_group`) against :func:`group_table`;
+the packing contract itself is checked by ``tests/test_packing.py`` from the document boundaries.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tokstream.packing import RowPieces
+from tokstream.packing import (
+    _PIECE_ORDER,
+    _ROW_ORDER,
+    JITTER_QUANTUM,
+    Packing,
+    RowPieces,
+    permuted,
+    piece_counts,
+)
 
 
 def fill_rows(
@@ -94,3 +103,55 @@ def best_fit(lengths: list[int], capacity: int) -> list[int]:
         reached[row] = step
         rows.append(row)
     return rows
+
+
+def group_table(packing: Packing, group: int, epoch: int) -> RowPieces:
+    """Group ``group``'s rows in ``epoch`` in streamed order, by the rule of
+    :mod:`tokstream.packing`'s docstring in NumPy: the compiled group packing's oracle."""
+    block, capacity = packing.block, packing.block + 1
+    documents = packing.group_documents_of(group)
+    starts = packing.boundaries[documents]
+    full, short = piece_counts(packing.boundaries[documents + 1] - starts, block)
+    full_offsets = np.concatenate([[0], np.cumsum(full)])
+    total = int(packing.group_rows[group])
+    packed_rows = total - int(full_offsets[-1])
+    items = np.flatnonzero(short)
+    rows = None
+    if packing.shuffle and packed_rows:
+        count = items.shape[0]
+        shuffled = items[permuted(count, packing.seed, epoch, _PIECE_ORDER + group, 0, count)]
+        shuffled = shuffled[np.argsort(-(short[shuffled] // JITTER_QUANTUM), kind="stable")]
+        rows = np.array(best_fit(short[shuffled].tolist(), capacity), np.int64)
+        items = shuffled
+        if rows.shape[0] and rows.max() >= packed_rows:
+            rows = None  # more rows than the group has: the canonical packing this epoch
+    if rows is None:
+        items = np.flatnonzero(short)
+        items = items[np.argsort(-short[items], kind="stable")]
+        rows = np.array(best_fit(short[items].tolist(), capacity), np.int64)
+    # Rows left empty each take the last piece placed in the row holding the most.
+    members = np.bincount(rows, minlength=packed_rows)
+    for row in range(int(rows.max(initial=-1)) + 1, packed_rows):
+        fullest = int(np.argmax(members))
+        moved = int(np.flatnonzero(rows == fullest)[-1])
+        rows[moved] = row
+        members[fullest] -= 1
+        members[row] = 1
+    by_row = np.argsort(rows, kind="stable")
+    items, rows = items[by_row], rows[by_row]
+    order = np.arange(total)
+    if packing.shuffle:
+        order = permuted(total, packing.seed, epoch, _ROW_ORDER + group, 0, total)
+    pieces: list[tuple[int, int]] = []
+    row_offsets = [0]
+    for row in order.tolist():
+        if row < full_offsets[-1]:
+            document = int(np.searchsorted(full_offsets, row, side="right")) - 1
+            piece = row - int(full_offsets[document])
+            pieces.append((int(starts[document]) + piece * block, capacity))
+        else:
+            for item in items[rows == row - full_offsets[-1]].tolist():
+                pieces.append((int(starts[item] + full[item] * block), int(short[item])))
+        row_offsets.append(len(pieces))
+    table = np.array(pieces, np.int64).reshape(-1, 2)
+    return RowPieces(np.array(row_offsets, np.int64), table[:, 0].copy(), table[:, 1].copy())

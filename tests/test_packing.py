@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tests import oracle_packing
 from tests.oracle_packing import fill_rows
 from tokstream import Corpus
-from tokstream.packing import Packing, best_fit, piece_counts
+from tokstream.packing import Packing, RowPieces, best_fit, piece_counts
 
 PAD = -1
 
@@ -114,6 +114,28 @@ def test_every_epoch_keeps_the_packing_contract(lengths, block, shuffle, seed, g
     )
     for epoch in range(2):
         check_contract(packing.boundaries, block, epoch_batch(packing, epoch))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.one_of(layouts, st.lists(st.integers(0, 90), min_size=1, max_size=300)),
+    block=st.integers(1, 40),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+    group_documents=st.one_of(st.none(), st.integers(1, 120)),
+)
+def test_every_group_table_is_the_rule_applied_in_numpy(
+    lengths, block, shuffle, seed, group_documents
+):
+    packing = Packing(
+        boundaries_of(lengths), block, shuffle=shuffle, seed=seed, group_documents=group_documents
+    )
+    for epoch in range(3):
+        for group in range(packing.num_groups):
+            got = packing.group_table(group, epoch)
+            expected = oracle_packing.group_table(packing, group, epoch)
+            for name, array in zip(RowPieces._fields, expected, strict=True):
+                assert getattr(got, name).tolist() == array.tolist(), name
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

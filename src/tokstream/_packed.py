@@ -50,7 +50,11 @@ class PackedSpace:
         self._shard_ends = self._shard_starts + corpus.lengths
         self._shard_addresses = np.array([s.ctypes.data for s in self._shards], np.uint64)
         # ((group, epoch), its checked table): the last group filled from.
-        self._cached: tuple[tuple[int, int], tuple[np.ndarray, ...]] | None = None
+        self._cached: tuple[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = (
+            None
+        )
+        # (first, end, table): the window indices [first, end) of the last group filled from.
+        self._current: tuple[int, int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
     def segments_sha256(self) -> str:
         """A hash of the documents packed and of the groups they are cut into."""
@@ -70,19 +74,32 @@ class PackedSpace:
         rows = windows_index.shape[0]
         if not rows:
             return
-        epoch, positions = np.divmod(windows_index, max(1, self.num_windows))
-        epoch = int(epoch[0])  # one batch, one epoch
+        # The order's indices rise through the batch, so the rows of one group are a run; most
+        # batches lie in the group the last one ended in.
+        first, last = int(windows_index[0]), int(windows_index[-1])
+        current = self._current
+        if current is not None and current[0] <= first and last < current[1]:
+            yield 0, self._checked(windows_index - current[0], current[2]), current[2]
+            return
+        per_epoch = max(1, self.num_windows)
+        epoch = first // per_epoch  # one batch, one epoch
+        base = epoch * per_epoch
         order, offsets = self.packing.epoch_offsets(epoch)
-        # The order's positions rise through the batch, so each group's rows are a run.
-        slots = np.searchsorted(offsets, positions, side="right") - 1
+        slots = np.searchsorted(offsets, windows_index - base, side="right") - 1
         runs = np.flatnonzero(slots[1:] != slots[:-1]) + 1
-        for first, end in zip([0, *runs.tolist()], [*runs.tolist(), rows], strict=True):
-            slot = int(slots[first])
+        for begin, end in zip([0, *runs.tolist()], [*runs.tolist(), rows], strict=True):
+            slot = int(slots[begin])
             table = self._table(int(order[slot]), epoch)
-            local = positions[first:end] - offsets[slot]
-            if local[0] < 0 or local[-1] >= table[0].shape[0] - 1:
-                raise RuntimeError("a packed sample outside its group: a packing bug")
-            yield first, local, table
+            low = base + int(offsets[slot])
+            self._current = (low, base + int(offsets[slot + 1]), table)
+            yield begin, self._checked(windows_index[begin:end] - low, table), table
+
+    @staticmethod
+    def _checked(local: np.ndarray, table: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+        """``local``, rising table rows, checked to lie in ``table``."""
+        if local[0] < 0 or local[-1] >= table[0].shape[0] - 1:
+            raise RuntimeError("a packed sample outside its group: a packing bug")
+        return local
 
     def _table(self, group: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(row offsets, piece addresses, piece lengths)`` of a group's rows in streamed
@@ -133,6 +150,5 @@ class PackedOrder(WindowOrder):
     keyed orders per epoch), so the positions themselves are not permuted again."""
 
     def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
-        first = cursor.position + self._rank
-        positions = np.arange(first, first + self._world * count, self._world, dtype=np.int64)
-        return positions + cursor.epoch * max(1, self.num_windows)
+        first = cursor.epoch * max(1, self.num_windows) + cursor.position + self._rank
+        return np.arange(first, first + self._world * count, self._world, dtype=np.int64)

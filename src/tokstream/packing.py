@@ -72,6 +72,10 @@ _GROUP_ORDER = _DOCUMENT_ORDER + 1
 _PIECE_ORDER = 1 << 63
 _ROW_ORDER = _PIECE_ORDER + (1 << 40)
 
+# "No order" for the group kernel (the identity, or no shuffled placement).
+_NONE = np.empty(0, np.int64)
+_NONE.flags.writeable = False
+
 
 def piece_counts(lengths: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     """``(full pieces, short piece length or 0)`` of documents of ``lengths`` tokens."""
@@ -111,24 +115,6 @@ def best_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
         np.empty(count, np.int64),
     )
     return rows
-
-
-class PackedGroup(NamedTuple):
-    """One group's rows in one epoch, in the group's row order.
-
-    Rows ``[0, full_offsets[-1])`` hold one full piece each: row ``r`` is piece ``r -
-    full_offsets[d]`` of the group's document ``d`` (the last ``d`` with ``full_offsets[d] <=
-    r``). Row ``full_offsets[-1] + b`` holds short pieces ``row_offsets[b] ..
-    row_offsets[b + 1] - 1``, whose first tokens and lengths are ``piece_starts`` and
-    ``piece_lengths``. ``row_order[k]`` is the row streamed ``k``-th.
-    """
-
-    document_starts: np.ndarray
-    full_offsets: np.ndarray
-    row_offsets: np.ndarray
-    piece_starts: np.ndarray
-    piece_lengths: np.ndarray
-    row_order: np.ndarray | None
 
 
 class RowPieces(NamedTuple):
@@ -192,7 +178,7 @@ class Packing:
         np.cumsum(counts, out=self.group_offsets[1:])
         self.num_rows = int(self.group_offsets[-1])
         self._epoch_offsets: tuple[int, np.ndarray, np.ndarray] | None = None
-        self._packed: tuple[int, int, PackedGroup] | None = None
+        self._table: tuple[tuple[int, int], RowPieces] | None = None
 
     # ------------------------------------------------------------------ groups
 
@@ -203,19 +189,6 @@ class Packing:
         if not self.shuffle:
             return np.arange(first, first + count, dtype=np.int64)
         return permuted(self.num_documents, self.seed, 0, _DOCUMENT_ORDER, first, count)
-
-    def _pieces(self, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(document starts, full pieces, short piece lengths, short piece starts)``."""
-        documents = self.group_documents_of(group)
-        starts = self.boundaries[documents]
-        full, short = piece_counts(self.boundaries[documents + 1] - starts, self.block)
-        return starts, full, short, starts + full * self.block
-
-    def _canonical(self, short: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(short pieces in placement order, their rows)`` of best fit decreasing."""
-        items = np.flatnonzero(short)
-        items = items[np.argsort(-short[items], kind="stable")]
-        return items, best_fit(short[items], self.block + 1)
 
     def _row_counts(self, first: int, last: int) -> np.ndarray:
         """Groups ``first .. last - 1``'s row counts (see the module docstring)."""
@@ -244,52 +217,64 @@ class Packing:
         spare = (items > packed) if self.shuffle else 0
         return fulls + packed + spare
 
-    def group(self, group: int, epoch: int) -> PackedGroup:
-        """Group ``group``'s rows in ``epoch`` (cached: the last group asked for)."""
-        cached = self._packed
-        if cached is not None and cached[0] == group and cached[1] == epoch:
-            return cached[2]
-        packed = self._pack(group, epoch)
-        self._packed = (group, epoch, packed)
-        return packed
-
     def group_table(self, group: int, epoch: int) -> RowPieces:
-        """Every row of group ``group`` in ``epoch``, in the order they are streamed."""
-        packed = self.group(group, epoch)
-        total = int(self.group_rows[group])
-        rows = packed.row_order if packed.row_order is not None else np.arange(total)
-        counts, starts, lengths = self._rows(packed, rows)
-        row_offsets = np.zeros(total + 1, np.int64)
-        np.cumsum(counts, out=row_offsets[1:])
-        return RowPieces(row_offsets, starts, lengths)
+        """Every row of group ``group`` in ``epoch``, in the order they are streamed (cached:
+        the last group asked for)."""
+        cached = self._table
+        if cached is not None and cached[0] == (group, epoch):
+            return cached[1]
+        table = self._pack(group, epoch)
+        self._table = ((group, epoch), table)
+        return table
 
-    def _pack(self, group: int, epoch: int) -> PackedGroup:
-        starts, full, short, short_starts = self._pieces(group)
-        full_offsets = np.zeros(full.shape[0] + 1, np.int64)
-        np.cumsum(full, out=full_offsets[1:])
+    def _pack(self, group: int, epoch: int) -> RowPieces:
+        documents = self.group_documents_of(group)
+        starts = self.boundaries[documents]
+        full, short = piece_counts(self.boundaries[documents + 1] - starts, self.block)
+        fulls = int(full.sum())
+        pieces = int(np.count_nonzero(short))
         total = int(self.group_rows[group])
-        packed_rows = total - int(full_offsets[-1])
-        rows = None
-        if self.shuffle and packed_rows:
-            items = np.flatnonzero(short)
-            count = items.shape[0]
-            items = items[permuted(count, self.seed, epoch, _PIECE_ORDER + group, 0, count)]
-            items = items[np.argsort(-(short[items] // JITTER_QUANTUM), kind="stable")]
-            rows = best_fit(short[items], self.block + 1)
-            if rows.max() >= packed_rows:
-                rows = None  # more rows than the group has: the canonical packing this epoch
-        if rows is None:
-            items, rows = self._canonical(short)
-        rows = _fill_empty_rows(rows, packed_rows)
-        by_row = np.argsort(rows, kind="stable")
-        items, rows = items[by_row], rows[by_row]
-        row_offsets = np.searchsorted(rows, np.arange(packed_rows + 1), side="left")
-        row_order = None
-        if self.shuffle:
-            row_order = permuted(total, self.seed, epoch, _ROW_ORDER + group, 0, total)
-        return PackedGroup(
-            starts, full_offsets, row_offsets, short_starts[items], short[items], row_order
+        packed_rows = total - fulls
+        if packed_rows < 0:
+            raise RuntimeError("a group with fewer rows than full pieces: a packing bug")
+        shuffled = self.shuffle and packed_rows > 0
+        piece_order = (
+            permuted(pieces, self.seed, epoch, _PIECE_ORDER + group, 0, pieces)
+            if shuffled
+            else _NONE
         )
+        row_order = (
+            permuted(total, self.seed, epoch, _ROW_ORDER + group, 0, total)
+            if self.shuffle
+            else _NONE
+        )
+        table = RowPieces(
+            np.empty(total + 1, np.int64),
+            np.empty(fulls + pieces, np.int64),
+            np.empty(fulls + pieces, np.int64),
+        )
+        capacity = self.block + 1
+        failed = _pack.pack_group(
+            starts,
+            full,
+            short,
+            self.block,
+            piece_order,
+            JITTER_QUANTUM if shuffled else 0,
+            row_order,
+            *table,
+            np.empty(starts.shape[0], np.int64),
+            *(np.empty(pieces, np.int64) for _ in range(3)),
+            np.empty(packed_rows + 1, np.int64),
+            np.empty(fulls, np.int64),
+            np.zeros(capacity + 2, np.int64),
+            np.full(capacity + 1, -1, np.int64),
+            np.zeros(capacity // 64 + 1, np.uint64),
+            np.empty(pieces, np.int64),
+        )
+        if failed:
+            raise RuntimeError("a group's pieces do not fit its rows: a packing bug")
+        return table
 
     # ------------------------------------------------------------------ samples
 
@@ -317,72 +302,26 @@ class Packing:
         order, offsets = self.epoch_offsets(epoch)
         slots = np.searchsorted(offsets, samples, side="right") - 1
         counts = np.empty(samples.shape[0], np.int64)
-        starts, lengths, sample_of = [], [], []
+        firsts = np.empty(samples.shape[0], np.int64)
+        starts, lengths = [], []
+        base = 0
         for slot in np.unique(slots).tolist():
             where = np.flatnonzero(slots == slot)
-            packed = self.group(int(order[slot]), epoch)
+            table = self.group_table(int(order[slot]), epoch)
             local = samples[where] - offsets[slot]
-            if packed.row_order is not None:
-                local = packed.row_order[local]
-            counts[where], slot_starts, slot_lengths = self._rows(packed, local)
-            starts.append(slot_starts)
-            lengths.append(slot_lengths)
-            sample_of.append(np.repeat(where, counts[where]))
+            counts[where] = table.row_offsets[local + 1] - table.row_offsets[local]
+            firsts[where] = table.row_offsets[local] + base
+            starts.append(table.starts)
+            lengths.append(table.lengths)
+            base += table.starts.shape[0]
         row_offsets = np.zeros(samples.shape[0] + 1, np.int64)
         np.cumsum(counts, out=row_offsets[1:])
+        # Piece j of the result is piece taken[j] of the groups' tables laid end to end.
+        within = np.arange(int(row_offsets[-1])) - np.repeat(row_offsets[:-1], counts)
+        taken = np.repeat(firsts, counts) + within
         if not samples.shape[0]:
             return RowPieces(row_offsets, np.empty(0, np.int64), np.empty(0, np.int64))
-        piece_starts, piece_lengths = np.concatenate(starts), np.concatenate(lengths)
-        sample = np.concatenate(sample_of)
-        if (sample[1:] < sample[:-1]).any():
-            by_sample = np.argsort(sample, kind="stable")
-            piece_starts, piece_lengths = piece_starts[by_sample], piece_lengths[by_sample]
-        return RowPieces(row_offsets, piece_starts, piece_lengths)
-
-    def _rows(
-        self, packed: PackedGroup, rows: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(pieces per row, their starts, their lengths)`` of a group's ``rows``."""
-        fulls = int(packed.full_offsets[-1])
-        full = rows < fulls
-        counts = np.ones(rows.shape[0], np.int64)
-        short = rows[~full] - fulls
-        low = packed.row_offsets[short]
-        counts[~full] = packed.row_offsets[short + 1] - low
-        firsts = np.cumsum(counts) - counts
-        starts = np.empty(int(counts.sum()), np.int64)
-        lengths = np.empty_like(starts)
-        # A full row: piece k of a document, from its (k * block)-th token.
-        document = np.searchsorted(packed.full_offsets, rows[full], side="right") - 1
-        piece = rows[full] - packed.full_offsets[document]
-        starts[firsts[full]] = packed.document_starts[document] + piece * self.block
-        lengths[firsts[full]] = self.block + 1
-        # A packed row: its short pieces, in placement order.
-        many = counts[~full]
-        within = np.arange(int(many.sum())) - np.repeat(np.cumsum(many) - many, many)
-        taken = np.repeat(low, many) + within
-        at = np.repeat(firsts[~full], many) + within
-        starts[at] = packed.piece_starts[taken]
-        lengths[at] = packed.piece_lengths[taken]
-        return counts, starts, lengths
-
-
-def _fill_empty_rows(rows: np.ndarray, count: int) -> np.ndarray:
-    """``rows`` spread over ``count`` rows: each row beyond the last used takes the last piece
-    of the row holding the most (the earliest on a tie). The caller guarantees more pieces
-    than ``count`` whenever a row is left empty."""
-    used = int(rows.max(initial=-1)) + 1
-    if used >= count:
-        return rows
-    rows = rows.copy()
-    members = np.bincount(rows, minlength=count)
-    for row in range(used, count):
-        fullest = int(np.argmax(members))
-        moved = int(np.flatnonzero(rows == fullest)[-1])
-        rows[moved] = row
-        members[fullest] -= 1
-        members[row] = 1
-    return rows
+        return RowPieces(row_offsets, np.concatenate(starts)[taken], np.concatenate(lengths)[taken])
 
 
 def packing_summary(boundaries: np.ndarray, block: int, seed: int = 0) -> dict[str, float | int]:

@@ -191,6 +191,256 @@ def canonical_rows(
 
 
 # ---------------------------------------------------------------------------------------------
+# Group tables
+#
+# One group's rows in one epoch (tokstream.packing's module docstring is the rule): the short
+# pieces sorted by a counting sort, placed by best fit, empty rows filled, then every row's
+# pieces written out in the order the rows are streamed.
+
+
+cdef inline void _sort_descending(
+    const int64_t *items,
+    const int64_t *order,
+    Py_ssize_t count,
+    const int64_t *short,
+    int64_t quantum,
+    int64_t *counts,
+    int64_t top,
+    int64_t *placed,
+) noexcept nogil:
+    # placed = items (taken in the order ``order`` when given) stably sorted by short[item] //
+    # quantum, largest first. Every key is at most top; counts holds top + 1 zeros, left zero.
+    cdef Py_ssize_t k
+    cdef int64_t item, key, position = 0, seen
+    for k in range(count):
+        item = items[order[k]] if order != NULL else items[k]
+        counts[short[item] // quantum] += 1
+    key = top
+    while key >= 0:
+        seen = counts[key]
+        counts[key] = position
+        position += seen
+        key -= 1
+    for k in range(count):
+        item = items[order[k]] if order != NULL else items[k]
+        key = short[item] // quantum
+        placed[counts[key]] = item
+        counts[key] += 1
+    for key in range(top + 1):
+        counts[key] = 0
+
+
+cdef inline int64_t _best_fit_rows(
+    const int64_t *placed,
+    Py_ssize_t count,
+    const int64_t *short,
+    int64_t capacity,
+    int64_t *rows,
+    int64_t *stack_heads,
+    uint64_t *nonempty,
+    Py_ssize_t words,
+    int64_t *stack_next,
+) noexcept nogil:
+    # Best fit of the pieces in placement order; the rows opened. The stacks are left empty.
+    cdef Py_ssize_t k
+    cdef int64_t opened = 0
+    for k in range(count):
+        rows[k] = _place(
+            short[placed[k]], capacity, &opened, stack_heads, nonempty, words, stack_next
+        )
+    _clear(capacity, stack_heads, nonempty, words)
+    return opened
+
+
+cdef int _pack_group(
+    const int64_t[::1] starts,
+    const int64_t[::1] full,
+    const int64_t[::1] short,
+    int64_t block,
+    const int64_t[::1] piece_order,
+    int64_t quantum,
+    const int64_t[::1] row_order,
+    int64_t[::1] row_offsets,
+    int64_t[::1] piece_starts,
+    int64_t[::1] piece_lengths,
+    int64_t[::1] items,
+    int64_t[::1] placed,
+    int64_t[::1] rows,
+    int64_t[::1] by_row,
+    int64_t[::1] row_firsts,
+    int64_t[::1] full_starts,
+    int64_t[::1] counts,
+    int64_t[::1] stack_heads,
+    uint64_t[::1] nonempty,
+    int64_t[::1] stack_next,
+) except -1 nogil:
+    # pack_group's work, its contract (a function so that it can return early without the GIL);
+    # 1 where pack_group returns -1.
+    cdef Py_ssize_t documents = starts.shape[0], words = nonempty.shape[0], d, k, q
+    cdef Py_ssize_t total = row_offsets.shape[0] - 1, fulls = full_starts.shape[0]
+    cdef Py_ssize_t pieces = 0, packed_rows = total - fulls, row, fullest, out
+    cdef int64_t capacity = block + 1, opened = -1, p, t, item
+    cdef const int64_t *order = &piece_order[0] if quantum > 0 and piece_order.shape[0] else NULL
+    for d in range(documents):
+        if short[d] > 0:
+            items[pieces] = d
+            pieces += 1
+    if pieces:
+        if quantum > 0:
+            # Keys short // quantum <= block: inside counts.
+            _sort_descending(
+                &items[0], order, pieces, &short[0], quantum, &counts[0], block, &placed[0]
+            )
+            opened = _best_fit_rows(
+                &placed[0], pieces, &short[0], capacity, &rows[0], &stack_heads[0],
+                &nonempty[0], words, &stack_next[0],
+            )
+        if opened < 0 or opened > packed_rows:
+            _sort_descending(
+                &items[0], NULL, pieces, &short[0], 1, &counts[0], block, &placed[0]
+            )
+            opened = _best_fit_rows(
+                &placed[0], pieces, &short[0], capacity, &rows[0], &stack_heads[0],
+                &nonempty[0], words, &stack_next[0],
+            )
+        if opened > packed_rows:
+            return 1
+    else:
+        opened = 0
+    # row_firsts[r]: the pieces in row r (every row below packed_rows, checked above).
+    for row in range(packed_rows + 1):
+        row_firsts[row] = 0
+    for k in range(pieces):
+        row_firsts[rows[k]] += 1
+    for row in range(opened, packed_rows):
+        fullest = 0
+        for q in range(1, row):
+            if row_firsts[q] > row_firsts[fullest]:
+                fullest = q
+        if row_firsts[fullest] < 2:
+            return 1
+        k = pieces - 1
+        while rows[k] != fullest:
+            k -= 1
+        rows[k] = row
+        row_firsts[fullest] -= 1
+        row_firsts[row] = 1
+    # Counts to first positions (row_firsts[packed_rows] = pieces), then a stable bucket.
+    p = 0
+    for row in range(packed_rows + 1):
+        t = row_firsts[row]
+        row_firsts[row] = p
+        p += t
+    for k in range(pieces):
+        # rows[k] < packed_rows; stack_next is free scratch of P entries now.
+        stack_next[k] = row_firsts[rows[k]]
+        row_firsts[rows[k]] += 1
+    for k in range(pieces):
+        by_row[stack_next[k]] = placed[k]
+    # row_firsts[r] is now row r's end: shift back to its first position.
+    row = packed_rows
+    while row > 0:
+        row_firsts[row] = row_firsts[row - 1]
+        row -= 1
+    row_firsts[0] = 0
+    k = 0
+    for d in range(documents):
+        for p in range(full[d]):
+            full_starts[k] = starts[d] + p * block
+            k += 1
+    out = 0
+    row_offsets[0] = 0
+    for k in range(total):
+        t = row_order[k] if row_order.shape[0] else k
+        if t < fulls:
+            piece_starts[out] = full_starts[t]
+            piece_lengths[out] = capacity
+            out += 1
+        else:
+            t -= fulls
+            for q in range(row_firsts[t], row_firsts[t + 1]):
+                item = by_row[q]
+                piece_starts[out] = starts[item] + full[item] * block
+                piece_lengths[out] = short[item]
+                out += 1
+        row_offsets[k + 1] = out
+    return 0
+
+
+def pack_group(
+    const int64_t[::1] starts,
+    const int64_t[::1] full,
+    const int64_t[::1] short,
+    int64_t block,
+    const int64_t[::1] piece_order,
+    int64_t quantum,
+    const int64_t[::1] row_order,
+    int64_t[::1] row_offsets,
+    int64_t[::1] piece_starts,
+    int64_t[::1] piece_lengths,
+    int64_t[::1] items,
+    int64_t[::1] placed,
+    int64_t[::1] rows,
+    int64_t[::1] by_row,
+    int64_t[::1] row_firsts,
+    int64_t[::1] full_starts,
+    int64_t[::1] counts,
+    int64_t[::1] stack_heads,
+    uint64_t[::1] nonempty,
+    int64_t[::1] stack_next,
+):
+    """pack_group(const int64_t[::1] starts, const int64_t[::1] full, const int64_t[::1] short, int64_t block, const int64_t[::1] piece_order, int64_t quantum, const int64_t[::1] row_order, int64_t[::1] row_offsets, int64_t[::1] piece_starts, int64_t[::1] piece_lengths, int64_t[::1] items, int64_t[::1] placed, int64_t[::1] rows, int64_t[::1] by_row, int64_t[::1] row_firsts, int64_t[::1] full_starts, int64_t[::1] counts, int64_t[::1] stack_heads, uint64_t[::1] nonempty, int64_t[::1] stack_next) -> int
+
+    One group's rows in one epoch: row ``k`` streamed holds pieces ``row_offsets[k] ..
+    row_offsets[k + 1] - 1``, piece ``i`` the ``piece_lengths[i]`` tokens from
+    ``piece_starts[i]``. The group's document ``d`` starts at token ``starts[d]`` and has
+    ``full[d]`` full pieces and a short piece of ``short[d]`` tokens (0: none).
+
+    Rows ``0 .. F - 1`` (``F`` the full pieces) hold one full piece each, in document order;
+    rows ``F ..`` the short pieces, placed by best fit: with ``quantum`` > 0 in the order of
+    ``piece_order`` (a permutation of the short pieces, in document order) stably sorted by
+    ``length // quantum``, largest first, and if that opens more rows than the group has, as
+    with ``quantum`` = 0: in document order stably sorted by length, largest first. Rows left
+    empty each take the last piece placed in the row holding the most (the first such row).
+    Row ``k`` streamed is row ``row_order[k]`` (``row_order`` empty: row ``k``). Returns 0, or
+    -1 when the short pieces do not fit the group's rows (the table is then not whole).
+
+    The caller guarantees ``1 <= block``; ``full`` and ``short`` of ``len(starts)`` entries,
+    ``0 <= short[d] <= block``, ``full[d] >= 0``; ``piece_order`` a permutation of ``[0, P)``
+    (``P`` the short pieces) when ``quantum`` > 0; ``row_order`` empty or a permutation of
+    ``[0, R)``, ``R = len(row_offsets) - 1 >= F``; ``piece_starts``, ``piece_lengths`` of ``F + P``
+    entries; ``items`` of ``len(starts)``; ``placed``, ``rows``, ``by_row``, ``stack_next`` of
+    ``P``; ``row_firsts`` of ``R - F + 1``; ``full_starts`` of ``F``; ``counts`` of ``block + 3``
+    zeros (left zero); the stacks as the best fit section says (capacity ``block + 1``).
+    """
+    cdef int failed
+    with nogil:
+        failed = _pack_group(
+            starts,
+            full,
+            short,
+            block,
+            piece_order,
+            quantum,
+            row_order,
+            row_offsets,
+            piece_starts,
+            piece_lengths,
+            items,
+            placed,
+            rows,
+            by_row,
+            row_firsts,
+            full_starts,
+            counts,
+            stack_heads,
+            nonempty,
+            stack_next,
+        )
+    return -failed
+
+
+# ---------------------------------------------------------------------------------------------
 # Packed rows
 
 
