@@ -207,6 +207,23 @@ def test_check_identical_accepts_every_paths_first_batch():
     baselines.check_identical(first, 4, against="reference")
 
 
+def test_check_identical_takes_tokstreams_paths_in_out_dtype_and_the_others_in_int64():
+    ids = np.arange(60, dtype=np.uint16)
+    first = {
+        path: next(baselines.PATHS[path](ids, 4, 8, seed=1, **extra))
+        for path, extra in [
+            ("reference", {}),
+            ("best_numpy", {}),
+            ("fast", {"out_dtype": "int32"}),
+            ("fast_reuse", {"out_dtype": "int32"}),
+        ]
+    }
+    assert first["fast"][0].dtype == np.int32
+    baselines.check_identical(first, 4, out_dtype="int32")
+    with pytest.raises(ValueError, match="'fast' yielded a different first batch"):
+        baselines.check_identical(first, 4, against="reference")
+
+
 @pytest.mark.parametrize(
     ("path", "spoil"),
     [

@@ -100,6 +100,8 @@ def test_version(capsys):
         (["bench", "--seed", "-3"], "--seed"),
         (["bench", "--file", "x.npy", "--tokens", "10"], "--tokens"),
         (["bench", "--unknown"], "--unknown"),
+        (["bench", "--out-dtype", "float32"], "--out-dtype"),
+        (["bench", "--out-dtype", "int16"], "--out-dtype"),
     ],
 )
 def test_usage_errors_exit_2_naming_the_argument(argv, named, capsys):
@@ -107,6 +109,13 @@ def test_usage_errors_exit_2_naming_the_argument(argv, named, capsys):
     err = capsys.readouterr().err
     assert named in err
     assert "Traceback" not in err
+
+
+def test_bench_out_dtype_times_tokstream_writing_int32_against_the_int64_baselines():
+    report = bench_json("--out-dtype", "int32", "--paths", "reference,best_numpy,fast_reuse")
+    assert "int32" in report["source"]
+    for case in report["cases"]:
+        assert {"reference", "best_numpy", "fast", "fast_reuse"} <= set(case["paths"])
 
 
 def test_usage_errors_and_help_go_to_the_streams_main_was_given(capsys):

@@ -267,3 +267,22 @@ def test_debug_build_streams_int32_on_every_policy():
         narrow = stream_token_source(corpus, 24, 5, **options, out_dtype="int32")
         for a, b in zip(wide, narrow, strict=True):
             assert_same_values(a, b)
+
+
+def test_the_torch_adapter_yields_int32_tensors_holding_the_int64_values():
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from tokstream.torch import TokenDataset
+
+    ids = np.random.default_rng(5).integers(0, 50_000, 3_000).astype(np.uint16)
+    options = {"eos": 7, "extras": ("position_ids", "loss_mask", "cu_seqlens"), "seed": 2}
+    wide = DataLoader(TokenDataset(ids, 16, 8, **options), batch_size=None)
+    narrow = DataLoader(TokenDataset(ids, 16, 8, **options, out_dtype="int32"), batch_size=None)
+    for a, b in zip(wide, narrow, strict=True):
+        for name in OUT_ENTRIES:
+            assert a[name].dtype == torch.int64 and b[name].dtype == torch.int32
+            assert torch.equal(a[name], b[name].long())
+        assert torch.equal(a["cu_seqlens"], b["cu_seqlens"])
+    windows, labels = next(iter(TokenDataset(ids, 16, 8, out_dtype="int32")))
+    assert windows.dtype == labels.dtype == torch.int32

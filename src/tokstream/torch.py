@@ -62,7 +62,8 @@ from tokstream.stream import TokenStream, stream_source
 
 __all__ = ["TensorBatch", "TokenDataset", "block_mask"]
 
-#: A batch as the dataset yields it: ``(windows, targets)`` int64 tensors, or with ``extras``
+#: A batch as the dataset yields it: ``(windows, targets)`` tensors of ``out_dtype`` (int64 by
+#: default, ``torch.int32`` with ``out_dtype="int32"``), or with ``extras``
 #: (or over a mixture) a dict of tensors by name plus the int ``max_seqlen`` for ``cu_seqlens``.
 TensorBatch: TypeAlias = tuple[torch.Tensor, torch.Tensor] | dict[str, torch.Tensor | int]
 
@@ -85,7 +86,8 @@ def _signature(
 
 
 class TokenDataset(IterableDataset):  # type: ignore[misc]  # torch is Any to mypy
-    """Batches of ``(windows, targets)`` int64 tensors from a :class:`tokstream.TokenStream`.
+    """Batches of ``(windows, targets)`` tensors (int64, or ``out_dtype``'s) from a
+    :class:`tokstream.TokenStream`.
 
     The arguments are those of :func:`tokstream.stream_token_source`, checked when the dataset
     is built; ``rank`` and ``world_size`` default to the initialized ``torch.distributed``

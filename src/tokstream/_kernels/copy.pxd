@@ -26,13 +26,14 @@ cdef inline uint64_t outside_out(token_t value, const out_t *output) noexcept no
     # Nonzero when ``value`` does not fit out_t (``output`` only names it): only a 32-bit
     # output of uint32, int64 or uint64 tokens can lose one (every other pair widens or keeps
     # the width). Branch-free, so the copy loops that OR it up stay vectorised.
+    cdef uint64_t outside = 0
     if out_t is int32_t:
         if token_t is int64_t:
             # -2**31 <= value < 2**31 iff value + 2**31 (modulo 2**64) < 2**32.
-            return (<uint64_t>value + 0x80000000ULL) >> 32
+            outside = (<uint64_t>value + 0x80000000ULL) >> 32
         elif token_t is uint32_t or token_t is uint64_t:
-            return <uint64_t>value >> 31
-    return 0
+            outside = <uint64_t>value >> 31
+    return outside
 
 
 cdef inline uint64_t copy_window(

@@ -51,6 +51,7 @@ from tokstream.stream import stream_token_source as _fast
 Path = Callable[..., Iterator[tuple[Any, ...]]]
 
 __all__ = [
+    "FAST_PATHS",
     "LIMITS",
     "LOADERS",
     "PATHS",
@@ -116,10 +117,12 @@ def fast(
     shuffle: bool = True,
     seed: int = 0,
     reuse_buffers: int = 0,
+    out_dtype: str = "int64",
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """tokstream's fast path, :func:`tokstream.stream_token_source`, with its defaults.
 
-    ``reuse_buffers`` is there for :data:`fast_reuse` and :data:`fast_one_buffer`.
+    ``reuse_buffers`` is there for :data:`fast_reuse` and :data:`fast_one_buffer`;
+    ``out_dtype`` for ``tokstream bench --out-dtype`` (the :data:`FAST_PATHS` take it).
     """
     stream = _fast(
         token_ids,
@@ -129,6 +132,7 @@ def fast(
         shuffle=shuffle,
         seed=seed,
         reuse_buffers=reuse_buffers,
+        out_dtype=out_dtype,
     )
     # The stream itself, not a wrapper that would add its own cost to every timed batch: without
     # extras each of its batches is a (windows, next_tokens) tuple.
@@ -144,6 +148,10 @@ fast_reuse = partial(fast, reuse_buffers=2)
 #: in the core's cache). A consumer that holds a batch while the next is made needs two buffers
 #: (:data:`fast_reuse`) and pays for it in cache misses (docs/out-of-core.md measures how much).
 fast_one_buffer = partial(fast, reuse_buffers=1)
+
+
+#: The paths that are tokstream's stream, which take ``out_dtype=`` (the others yield int64).
+FAST_PATHS = ("fast", "fast_reuse", "fast_one_buffer")
 
 
 def best_numpy(
@@ -466,21 +474,25 @@ def _as_numpy(value: Any) -> np.ndarray:
     return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
 
-def check_identical(first: dict[str, tuple[Any, ...]], block: int, against: str = "fast") -> None:
+def check_identical(
+    first: dict[str, tuple[Any, ...]], block: int, against: str = "fast", out_dtype: str = "int64"
+) -> None:
     """Raise ValueError unless every path's first batch agrees with the ``against`` path's.
 
     ``first`` maps path names to their first batch and must hold ``against``, a loader. Loaders
-    must yield its windows and next tokens (int64, same order); the gather limit must hold each
-    window's first token; the copy limit must have the windows' shape. A path that fails is not
-    doing the same job, so timing it would compare unlike with unlike.
+    must yield its windows and next tokens (the same values in the same order; int64, or
+    ``out_dtype`` for the :data:`FAST_PATHS`); the gather limit must hold each window's first
+    token; the copy limit must have the windows' shape. A path that fails is not doing the same
+    job, so timing it would compare unlike with unlike.
     """
     windows, next_tokens = (_as_numpy(part) for part in first[against])
     for path, batch in first.items():
         if path in LOADERS:
             got_windows, got_next = (_as_numpy(part) for part in batch)
+            dtype = np.dtype(out_dtype if path in FAST_PATHS else np.int64)
             same = (
-                got_windows.dtype == np.int64
-                and got_next.dtype == np.int64
+                got_windows.dtype == dtype
+                and got_next.dtype == dtype
                 and np.array_equal(got_windows, windows)
                 and np.array_equal(got_next, next_tokens)
             )

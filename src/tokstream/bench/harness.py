@@ -170,6 +170,7 @@ def measure_case(
     seed: int,
     progress: Progress | None = None,
     label: str = "",
+    out_dtype: str = "int64",
 ) -> Case:
     """Time ``paths`` on one case: ``rounds`` rounds of ``batches`` batches per path.
 
@@ -178,7 +179,8 @@ def measure_case(
     ``"fast"``). The rounds then take turns between the paths, each round starting with a
     different path, so a drift of the machine's speed spreads over all of them. A corpus too
     small for one epoch to hold every round runs several epochs, and the later epochs'
-    permutations then fall inside the timing.
+    permutations then fall inside the timing. ``out_dtype`` is the dtype tokstream's paths
+    (:data:`baselines.FAST_PATHS`) write their batches in; the other paths yield int64.
     """
     progress = progress or _Silent()
     needed = 1 + rounds * batches
@@ -187,12 +189,19 @@ def measure_case(
     first = {}
     for path in paths:
         progress.update(f"{label}: starting {path}")
+        output = {"out_dtype": out_dtype} if path in baselines.FAST_PATHS else {}
         iterator = baselines.PATHS[path](
-            ids, case.block, case.batch_size, epochs=case.epochs, shuffle=case.shuffle, seed=seed
+            ids,
+            case.block,
+            case.batch_size,
+            epochs=case.epochs,
+            shuffle=case.shuffle,
+            seed=seed,
+            **output,
         )
         first[path] = next(iterator)
         iterators[path] = iterator
-    baselines.check_identical(first, case.block)
+    baselines.check_identical(first, case.block, out_dtype=out_dtype)
     del first
     per_window = {path: 1 if path == "gather_limit" else case.block for path in paths}
     case.rates = {path: [] for path in paths}
@@ -217,8 +226,10 @@ def run_cases(
     batches: int,
     seed: int,
     progress: Progress | None = None,
+    out_dtype: str = "int64",
 ) -> list[Case]:
-    """Measure every ``(dtype, ids)`` corpus on every ``(block, batch_size)`` shape, in order.
+    """Measure every ``(dtype, ids)`` corpus on every ``(block, batch_size)`` shape, in order
+    (tokstream's batches in ``out_dtype``).
 
     Raises ValueError before measuring anything when a block leaves a corpus no window.
     """
@@ -249,6 +260,7 @@ def run_cases(
                 seed=seed,
                 progress=progress,
                 label=label,
+                out_dtype=out_dtype,
             )
         )
     return cases

@@ -1,0 +1,159 @@
+"""What ``out_dtype="int32"`` gains over the default int64 batches, as ratios in one process.
+
+``python benchmarks/out_dtype.py [--tokens N] [--rounds R] [--batches K] [--clock wall|cpu]``
+
+The documents corpus of ``documents_ratios.py`` (10,000,000 seeded ids below 50257 as uint16
+and as int64, cut into recorded documents of exponential lengths, mean 2,000). Every stream is
+shuffled with the implicit permutation and yields ``targets="shifted"``; the two sides of each
+ratio differ only in ``out_dtype``. Cases: the plain stream, and the stream with every document
+extra (``position_ids``, ``loss_mask``, ``cu_seqlens``, ``document_ids``) under
+``windows="cross"``, ``"within"`` and ``"packed"`` (``pad=0``). Target: int32 at least 1.3x the
+int64 rate with every extra.
+
+Beside each case, the *copy floor* of the same bytes (``--floor``, on by default): a NumPy loop
+that gathers the batch's windows and shifted labels from random starts
+(``sliding_window_view(ids, block + 1)[starts]``) into reused buffers of the output dtype and,
+with extras, copies a ramp into position ids and sets a mask of ones and the piece ids to 0:
+what any implementation writing those bytes must do, with no document logic. Its int32/int64
+ratio is what writing half the bytes buys on this machine; the stream's ratio is held to it.
+
+Rounds of all sides alternate, so drift on a shared machine hits them alike; each figure is the
+median over ``--rounds`` rounds of ``--batches`` batches (first batches drawn untimed). Printed:
+median Mtok/s of each side and the int32/int64 ratios. ``--clock cpu`` times the process' CPU
+time instead of the wall clock: on a host whose cores other processes keep busy it leaves out
+the time this process waited for a core (not the memory traffic the others cause).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+from documents_ratios import DTYPES, SHAPES, documents_corpus, make_stream
+
+from tokstream import Corpus
+
+EXTRAS = ("position_ids", "loss_mask", "cu_seqlens", "document_ids")
+TARGET = 1.3
+
+#: Each case: its name and the stream options both sides share.
+CASES: list[tuple[str, dict[str, Any]]] = [
+    ("plain", {}),
+    ("cross+extras", {"extras": EXTRAS}),
+    ("within+extras", {"windows": "within", "extras": EXTRAS}),
+    ("packed+extras", {"windows": "packed", "pad": 0, "extras": EXTRAS}),
+]
+
+
+class CopyFloor:
+    """The bytes of a batch written by NumPy from random window starts (see the module doc)."""
+
+    def __init__(
+        self, ids: np.ndarray, block: int, batch_size: int, out: str, extras: bool
+    ) -> None:
+        self.view = np.lib.stride_tricks.sliding_window_view(ids, block + 1)
+        self.rng = np.random.default_rng(0)
+        self.block, self.batch_size, self.extras = block, batch_size, extras
+        self.inputs = np.empty((batch_size, block), out)
+        self.labels = np.empty((batch_size, block), out)
+        self.ramp = np.broadcast_to(np.arange(block, dtype=out), (batch_size, block))
+        self.positions = np.empty((batch_size, block), out)
+        self.mask = np.empty((batch_size, block), np.bool_)
+        self.pieces = np.empty((batch_size, block), np.int32)
+
+    def __call__(self) -> None:
+        starts = self.rng.integers(0, self.view.shape[0], self.batch_size)
+        # The windows in the corpus dtype (the same temporary on both sides), then written out.
+        rows = self.view[starts]
+        np.copyto(self.inputs, rows[:, :-1], casting="unsafe")
+        np.copyto(self.labels, rows[:, 1:], casting="unsafe")
+        if self.extras:
+            np.copyto(self.positions, self.ramp)
+            self.mask.fill(True)
+            self.pieces.fill(0)
+
+
+def measure(
+    sides: dict[str, Callable[[], Any]],
+    rounds: int,
+    batches: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, float]:
+    """Median seconds a batch of each side, their rounds alternating."""
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, step in sides.items():
+            start = clock()
+            for _ in range(batches):
+                step()
+            times[name].append((clock() - start) / batches)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def flat_tokens(corpus: Corpus) -> np.ndarray:
+    """The corpus' tokens as one array (the floor reads windows from it)."""
+    return np.concatenate(list(corpus.shards))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=10_000_000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--cases", default=",".join(name for name, _ in CASES))
+    parser.add_argument("--no-floor", dest="floor", action="store_false")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    args = parser.parse_args(argv)
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    wanted = args.cases.split(",")
+    print(
+        f"{args.tokens:,} tokens in documents of mean 2,000, shuffled, implicit, "
+        f"targets='shifted'; median of {args.rounds} rounds x {args.batches} batches "
+        f"(Mtok/s, {args.clock} clock)"
+    )
+    print(
+        f"{'dtype':6} {'block':>5} {'batch':>5} {'case':14} {'int64':>7} {'int32':>7} "
+        f"{'ratio':>6} {'floor64':>8} {'floor32':>8} {'floor':>6}"
+    )
+    for dtype in DTYPES:
+        corpus = documents_corpus(args.tokens, dtype)
+        ids = flat_tokens(corpus) if args.floor else None
+        for block, batch_size in SHAPES:
+            for name, options in CASES:
+                if name not in wanted:
+                    continue
+                sides: dict[str, Callable[[], Any]] = {
+                    out: partial(
+                        next, make_stream(corpus, block, batch_size, out_dtype=out, **options)
+                    )
+                    for out in ("int64", "int32")
+                }
+                if ids is not None:
+                    for out in ("int64", "int32"):
+                        sides[f"floor {out}"] = CopyFloor(
+                            ids, block, batch_size, out, extras="extras" in options
+                        )
+                seconds = measure(sides, args.rounds, args.batches, clock)
+                rate = {k: batch_size * block / s / 1e6 for k, s in seconds.items()}
+                ratio = rate["int32"] / rate["int64"]
+                floor = (
+                    f"{rate['floor int64']:8,.0f} {rate['floor int32']:8,.0f} "
+                    f"{rate['floor int32'] / rate['floor int64']:6.2f}"
+                    if ids is not None
+                    else ""
+                )
+                target = "" if name == "plain" or ratio >= TARGET else "  below 1.3"
+                print(
+                    f"{dtype:6} {block:5} {batch_size:5} {name:14} {rate['int64']:7,.0f} "
+                    f"{rate['int32']:7,.0f} {ratio:6.2f} {floor}{target}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
