@@ -16,8 +16,7 @@ import pytest
 
 import tokstream
 
-#: Documents of the shared corpus: lengths 1..400 (some shorter than a block, some longer),
-#: every one ending with EOS, ids below 2**16 (uint16 files).
+#: Documents of the shared corpus end with EOS; ids below 2**16 (uint16 files).
 EOS = 0
 SEED = 1234
 
@@ -29,10 +28,16 @@ def require_remote() -> Any:
     return remote
 
 
-def documents(count: int = 60, seed: int = SEED) -> list[np.ndarray]:
+def documents(count: int = 16, seed: int = SEED, longest: int = 80) -> list[np.ndarray]:
+    """``count`` documents of 1 to ``longest`` tokens (some shorter than a block, some longer).
+
+    Small on purpose: every window of a remote stream is a range GET unless it overlaps another
+    one fetched with it, and moto's server answers a few hundred a second, so a corpus of a few
+    hundred tokens keeps a whole epoch to tens of requests.
+    """
     rng = np.random.default_rng(seed)
     docs = []
-    for length in rng.integers(1, 400, size=count):
+    for length in rng.integers(1, longest + 1, size=count):
         doc = rng.integers(1, 50_000, size=int(length), dtype=np.uint16)
         doc[-1] = EOS
         docs.append(doc)
@@ -87,9 +92,9 @@ def write_tokenized(directory: Path, docs: list[np.ndarray]) -> str:
 
     pytest.importorskip("tokenizers")
     text = directory.parent / f"{directory.name}-text.txt"
-    text.write_text("\n".join(" ".join(f"w{t % 97}" for t in doc[:40]) for doc in docs) + "\n")
+    text.write_text("\n".join(" ".join(f"w{t % 97}" for t in doc[:12]) for doc in docs) + "\n")
     tokenizer = byte_level_bpe([text.read_text()], directory.parent / "bpe.json", vocab_size=300)
-    tokenize_files([str(text)], str(tokenizer), directory / "tokenized", shard_tokens=2000)
+    tokenize_files([str(text)], str(tokenizer), directory / "tokenized", shard_tokens=250)
     return "tokenized"
 
 
@@ -132,6 +137,11 @@ def assert_same(actual: Iterable[Any], expected: Iterable[Any]) -> int:
             assert g.dtype == w.dtype and g.shape == w.shape, f"batch {i} {name}: {g.dtype}"
             assert g.tobytes() == w.tobytes(), f"batch {i} {name} differs"
     return len(expected)
+
+
+def stream_batches(corpus: tokstream.Corpus, block: int, batch_size: int, **options: Any) -> list:
+    """Every batch of a stream over ``corpus``: run in another process (spawned)."""
+    return as_list(tokstream.stream_token_source(corpus, block, batch_size, **options))
 
 
 def open_remote(spec: Any, **options: Any) -> tokstream.Corpus:

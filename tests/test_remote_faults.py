@@ -18,12 +18,14 @@ from tests.remote_cases import WRITERS, as_list, assert_same, documents, open_re
 
 remote = require_remote()
 
-DOCS = documents(count=40, seed=21)
-#: A request that fails for good is given up after 1.5 s, so that such a test ends in seconds.
-QUICK = dict(timeout=0.3, deadline=1.5, backoff=0.01, max_backoff=0.2)
-#: A request that fails a few times (a stalled one for the 0.5 s timeout) then succeeds, with
-#: room for a loaded machine.
-PATIENT = dict(timeout=0.5, deadline=20.0, backoff=0.01, max_backoff=0.2)
+DOCS = documents(count=12, seed=21)
+#: Few requests in flight, so that moto's server (a few hundred answers a second) answers each
+#: well within the timeout even on a loaded machine: a timeout here is an injected fault's.
+IN_FLIGHT = 8
+#: A request that fails for good is given up after 3 s, so that such a test ends in seconds.
+QUICK = dict(max_in_flight=IN_FLIGHT, timeout=1.0, deadline=3.0, backoff=0.01, max_backoff=0.2)
+#: A request that fails a few times (a stalled one for the 2 s timeout) then succeeds.
+PATIENT = dict(max_in_flight=IN_FLIGHT, timeout=2.0, deadline=30.0, backoff=0.01, max_backoff=0.2)
 
 
 @pytest.fixture
@@ -41,7 +43,7 @@ def files(proxied_bucket, tmp_path):
 
 
 def stream(corpus, **options):
-    return tokstream.stream_token_source(corpus, 16, 8, seed=5, epochs=2, **options)
+    return tokstream.stream_token_source(corpus, 16, 32, seed=5, **options)
 
 
 def faults(proxy, action: str) -> list[dict]:
@@ -53,7 +55,8 @@ def faults(proxy, action: str) -> list[dict]:
 def test_delayed_requests_bring_the_same_batches(files, proxied_bucket, delay_ms, name):
     proxied_bucket.proxy.configure(delay_ms=delay_ms)
     local, url = files(name)
-    assert assert_same(stream(open_remote(url), prefetch=1), stream(local)) > 10
+    corpus = open_remote(url, max_in_flight=IN_FLIGHT)
+    assert assert_same(stream(corpus, prefetch=1, epochs=2), stream(local, epochs=2)) > 10
 
 
 TRANSIENT = {
@@ -61,7 +64,7 @@ TRANSIENT = {
     "503": {"action": "status", "status": 503},
     "drop": {"action": "drop"},
     "truncate": {"action": "truncate"},
-    "stall": {"action": "stall", "ms": 10_000},
+    "stall": {"action": "stall", "ms": 60_000},
 }
 
 
@@ -69,10 +72,10 @@ TRANSIENT = {
 def test_failed_range_gets_are_retried_and_bring_the_same_batches(files, proxied_bucket, rule):
     local, url = files()
     corpus = open_remote(url, **PATIENT)
-    # Opened; now the first three range GETs of the tokens fail.
-    proxied_bucket.proxy.configure(rules=[{**rule, "ranged": True, "times": 3}])
+    # Opened; now the first two range GETs of the tokens fail.
+    proxied_bucket.proxy.configure(rules=[{**rule, "ranged": True, "times": 2}])
     assert_same(stream(corpus), stream(local))
-    assert len(faults(proxied_bucket.proxy, rule["action"])) == 3
+    assert len(faults(proxied_bucket.proxy, rule["action"])) == 2
 
 
 @pytest.mark.parametrize("rule", TRANSIENT.values(), ids=TRANSIENT.keys())
@@ -115,7 +118,7 @@ def test_a_range_failing_past_its_deadline_is_an_error_naming_object_and_range(
     assert_names_object_and_range(error.value, broken)
     # The batches before the error are the right ones, none skipped or half-filled.
     first_shard_windows = local.lengths[0] - 16
-    assert len(delivered) == first_shard_windows // 8
+    assert len(delivered) == first_shard_windows // 32
     assert_same(delivered, expected[: len(delivered)])
     far.close()
     assert len(faults(proxied_bucket.proxy, rule["action"])) >= 2, "failed without a retry"
@@ -149,6 +152,6 @@ def test_a_refused_credential_is_an_error_at_once_not_retried_until_the_deadline
     proxied_bucket.proxy.configure(rules=[{"action": "status", "status": 403}])
     with pytest.raises(OSError) as error:
         open_remote(url, timeout=5.0, deadline=20.0)
-    assert "shard_" in str(error.value)
+    assert url.rsplit("/", 1)[0] in str(error.value)  # the listing of the pattern's folder
     # Not retried until the deadline: a handful of requests at most.
     assert len(faults(proxied_bucket.proxy, "status")) < 10

@@ -27,7 +27,7 @@ from tests.remote_cases import WRITERS, as_list, assert_same, documents, open_re
 
 remote = require_remote()
 
-DOCS = documents(count=40, seed=33)
+DOCS = documents(count=12, seed=33)
 
 
 @pytest.fixture
@@ -49,8 +49,8 @@ def new_threads(before: set[threading.Thread], seconds: float = 10.0) -> list[st
         time.sleep(0.02)
 
 
-def stream(corpus, **options):
-    return tokstream.stream_token_source(corpus, 16, 8, seed=2, **options)
+def stream(corpus, seed=2, **options):
+    return tokstream.stream_token_source(corpus, 16, 32, seed=seed, **options)
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])
@@ -69,10 +69,14 @@ def test_close_mid_flight_leaves_no_thread_and_no_connection(files, proxied_buck
     assert proxied_bucket.proxy.wait_until_no_connection() == 0
 
 
-def test_a_stream_run_to_its_end_leaves_no_thread_and_no_connection(files, proxied_bucket):
+def test_a_stream_run_to_its_end_then_closed_leaves_no_thread_and_no_connection(
+    files, proxied_bucket
+):
     local, url = files
     before = set(threading.enumerate())
-    assert_same(stream(open_remote(url), prefetch=1), stream(local))
+    far = stream(open_remote(url), prefetch=1)
+    assert_same(far, stream(local))
+    far.close()
     assert new_threads(before) == []
     assert proxied_bucket.proxy.wait_until_no_connection() == 0
 
@@ -120,7 +124,7 @@ import json, sys, threading, tokstream
 from tokstream.remote import RemoteOptions
 url, cache = sys.argv[1], sys.argv[2] or None
 corpus = tokstream.open_tokens(url, remote=RemoteOptions(cache_dir=cache))
-stream = tokstream.stream_token_source(corpus, 16, 8, seed=2, epochs=2, prefetch=2)
+stream = tokstream.stream_token_source(corpus, 16, 32, seed=2, epochs=2, prefetch=2)
 if sys.argv[3] == "interrupt":
     next(stream)
     print("ready", flush=True)
@@ -206,12 +210,14 @@ def test_nothing_is_written_outside_the_cache_directory(files, proxied_bucket, t
         "TMPDIR": str(watched["tmp"]),
         "XDG_CACHE_HOME": str(watched["xdg-cache"]),
     }
+    if "PYTHONPATH" in os.environ:  # where this process found tokstream
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     trace = tmp_path / "trace.log" if shutil.which("strace") else None
     child = run_child(
         tmp_path, env, url, str(cache) if cached else "", "run", trace=trace, cwd=watched["cwd"]
     )
     out, _ = child.communicate(timeout=120)
-    assert child.returncode == 0
+    assert child.returncode == 0, (tmp_path / "child.stderr").read_text()
     assert int(out) == len(as_list(stream(local, epochs=2, prefetch=2)))
     for name, directory in watched.items():
         assert list(directory.iterdir()) == [], f"written in {name}"

@@ -8,13 +8,23 @@ local copy of the same files, batch by batch and byte by byte.
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
 import pickle
 
+import numpy as np
 import pytest
 
 import tokstream
 from tests.object_store import Bucket
-from tests.remote_cases import EOS, WRITERS, assert_same, documents, require_remote
+from tests.remote_cases import (
+    EOS,
+    WRITERS,
+    assert_same,
+    documents,
+    require_remote,
+    stream_batches,
+)
 
 remote = require_remote()
 
@@ -51,7 +61,7 @@ def pair(corpora, s3_env):
     return get
 
 
-def both(pair, name, block=16, batch_size=8, **options):
+def both(pair, name, block=16, batch_size=32, **options):
     local, far = pair(name)
     return (
         tokstream.stream_token_source(far, block, batch_size, **options),
@@ -71,7 +81,7 @@ def test_every_format_opens_remotely_with_the_same_shards_and_documents(pair, na
 @pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled", "sequential"])
 @pytest.mark.parametrize("name", sorted(WRITERS))
 def test_every_format_streams_the_same_batches_as_its_local_files(pair, name, shuffle):
-    assert assert_same(*both(pair, name, shuffle=shuffle, seed=7)) > 10
+    assert assert_same(*both(pair, name, shuffle=shuffle, seed=7)) > 4
 
 
 POLICIES = {
@@ -102,13 +112,13 @@ def test_a_mixture_of_remote_and_local_corpora_streams_the_same_batches(pair):
     local = tokstream.mix({"a": npy_local, "b": meg_local}, weights)
     options = dict(samples=300, seed=11, extras=("source",))
     assert_same(
-        tokstream.stream_token_source(far, 16, 8, **options),
-        tokstream.stream_token_source(local, 16, 8, **options),
+        tokstream.stream_token_source(far, 16, 32, **options),
+        tokstream.stream_token_source(local, 16, 32, **options),
     )
     far = tokstream.mix({"a": npy_far, "b": meg_far}, weights)
     assert_same(
-        tokstream.stream_token_source(far, 16, 8, **options),
-        tokstream.stream_token_source(local, 16, 8, **options),
+        tokstream.stream_token_source(far, 16, 32, **options),
+        tokstream.stream_token_source(local, 16, 32, **options),
     )
 
 
@@ -121,24 +131,24 @@ def test_each_rank_streams_the_same_batches_as_the_same_rank_locally(pair, world
 
 def test_a_remote_stream_resumes_from_its_own_state_and_from_a_local_streams(pair):
     local, far = pair("npy")
-    options = dict(seed=9, epochs=2)
-    expected = tokstream.stream_token_source(local, 16, 8, **options)
-    head = [next(expected) for _ in range(7)]
-    remote_stream = tokstream.stream_token_source(far, 16, 8, **options)
-    assert_same([next(remote_stream) for _ in range(7)], head)
+    options = dict(seed=9)
+    expected = tokstream.stream_token_source(local, 16, 32, **options)
+    head = [next(expected) for _ in range(5)]
+    remote_stream = tokstream.stream_token_source(far, 16, 32, **options)
+    assert_same([next(remote_stream) for _ in range(5)], head)
     state = remote_stream.state_dict()
     remote_stream.close()
     assert state == expected.state_dict()
     rest = list(expected)
 
-    resumed = tokstream.stream_token_source(far, 16, 8, **options)
+    resumed = tokstream.stream_token_source(far, 16, 32, **options)
     resumed.load_state_dict(state)
     assert_same(resumed, rest)
     # The state is the same whichever copy made it: a local checkpoint resumes remotely.
-    local_stream = tokstream.stream_token_source(local, 16, 8, **options)
-    for _ in range(7):
+    local_stream = tokstream.stream_token_source(local, 16, 32, **options)
+    for _ in range(5):
         next(local_stream)
-    resumed = tokstream.stream_token_source(far, 16, 8, **options)
+    resumed = tokstream.stream_token_source(far, 16, 32, **options)
     resumed.load_state_dict(local_stream.state_dict())
     assert_same(resumed, rest)
 
@@ -146,23 +156,23 @@ def test_a_remote_stream_resumes_from_its_own_state_and_from_a_local_streams(pai
 def test_a_remote_stream_resumes_with_another_batch_size_and_world_size(pair):
     local, far = pair("megatron")
     options = dict(seed=2, windows="within")
-    source = tokstream.stream_token_source(far, 16, 8, **options)
+    source = tokstream.stream_token_source(far, 16, 32, **options)
     for _ in range(5):
         next(source)
     state = source.state_dict()
     source.close()
     for rank in range(2):
-        expected = tokstream.stream_token_source(local, 16, 4, rank=rank, world_size=2, **options)
+        expected = tokstream.stream_token_source(local, 16, 16, rank=rank, world_size=2, **options)
         expected.load_state_dict(state)
-        resumed = tokstream.stream_token_source(far, 16, 4, rank=rank, world_size=2, **options)
+        resumed = tokstream.stream_token_source(far, 16, 16, rank=rank, world_size=2, **options)
         resumed.load_state_dict(state)
         assert_same(resumed, expected)
 
 
 def test_seek_jumps_a_remote_stream_to_the_same_batch(pair):
     far_stream, local_stream = both(pair, "bin", seed=4, epochs=3)
-    far_stream.seek(40)
-    local_stream.seek(40)
+    far_stream.seek(25)
+    local_stream.seek(25)
     assert_same(far_stream, local_stream)
 
 
@@ -172,31 +182,36 @@ def test_a_pickled_remote_corpus_streams_the_same_batches(pair):
     copy = pickle.loads(pickle.dumps(far))
     assert len(pickle.dumps(far)) < sum(doc.nbytes for doc in DOCS)
     assert_same(
-        tokstream.stream_token_source(copy, 16, 8, seed=1),
-        tokstream.stream_token_source(local, 16, 8, seed=1),
+        tokstream.stream_token_source(copy, 16, 32, seed=1),
+        tokstream.stream_token_source(local, 16, 32, seed=1),
     )
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_dataloader_workers_stream_the_same_batches_as_over_local_files(pair, context):
-    pytest.importorskip("torch")
+def test_a_remote_corpus_sent_to_a_spawned_process_streams_the_same_batches(pair):
+    # What a spawned DataLoader worker does with its copy of the dataset, without torch.
+    local, far = pair("megatron")
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        got = pool.submit(stream_batches, far, 16, 32, seed=12).result(timeout=120)
+    assert_same(got, tokstream.stream_token_source(local, 16, 32, seed=12))
+
+
+def loaded(corpus, context: str) -> list:
     from torch.utils.data import DataLoader
 
     from tokstream.torch import TokenDataset
 
+    dataset = TokenDataset(corpus, 16, 32, seed=6)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context)
+    return [tuple(t.numpy() for t in batch) for batch in loader]
+
+
+def test_forked_dataloader_workers_are_told_to_spawn_rather_than_left_hanging(pair):
+    # obstore's runtime does not survive fork(): a forked worker reading the corpus would hang.
+    pytest.importorskip("torch")
     local, far = pair("npy")
-
-    def loaded(corpus):
-        dataset = TokenDataset(corpus, 16, 8, seed=6)
-        loader = DataLoader(
-            dataset, batch_size=None, num_workers=2, multiprocessing_context=context
-        )
-        return [tuple(t.numpy() for t in batch) for batch in loader]
-
-    if context == "fork":
-        # Fork after the remote corpus has fetched in this process (its loop thread running).
-        list(tokstream.stream_token_source(far, 16, 8, samples=64))
-    assert_same(loaded(far), loaded(local))
+    with pytest.raises(RuntimeError, match="spawn"):
+        loaded(far, "fork")
 
 
 def test_the_same_windows_come_from_one_url_or_a_list_of_urls(corpora, s3_env):
@@ -205,8 +220,8 @@ def test_the_same_windows_come_from_one_url_or_a_list_of_urls(corpora, s3_env):
     urls = [f"{prefix}/shard_{i:03d}.npy" for i in (2, 0, 1)]
     paths = [local.replace("shard_*.npy", f"shard_{i:03d}.npy") for i in (2, 0, 1)]
     assert_same(
-        tokstream.stream_token_source(tokstream.open_tokens(urls), 16, 8, seed=8),
-        tokstream.stream_token_source(tokstream.open_tokens(paths), 16, 8, seed=8),
+        tokstream.stream_token_source(tokstream.open_tokens(urls), 16, 32, seed=8),
+        tokstream.stream_token_source(tokstream.open_tokens(paths), 16, 32, seed=8),
     )
 
 
@@ -226,17 +241,22 @@ def test_a_missing_object_is_file_not_found_naming_it(s3_bucket):
 
 def test_an_arrow_url_is_refused_rather_than_read_whole(s3_bucket, tmp_path):
     pytest.importorskip("pyarrow")
-    path = tokstream.write_tokens(tmp_path / "docs.arrow", tokstream.Corpus.from_documents(DOCS))
+    corpus = tokstream.Corpus.from_documents(DOCS)
+    path = tokstream.write_tokens(tmp_path / "docs.arrow", corpus, "arrow")
     url = s3_bucket.put("docs.arrow", path)
     with pytest.raises(ValueError, match="[Aa]rrow"):
         tokstream.open_tokens(url)
 
 
-@pytest.mark.parametrize("name", ["npy", "megatron"])
-def test_opening_reads_headers_and_indexes_not_the_tokens(corpora, proxied_bucket, name):
-    # The proxy in front of the same server counts what opening fetched.
-    local, url = corpora(name)
-    tokstream.open_tokens(url)
+@pytest.mark.parametrize("format", ["npy", "megatron"])
+def test_opening_reads_headers_and_indexes_not_the_tokens(proxied_bucket, tmp_path, format):
+    # 400 KB of tokens; the proxy in front of the server counts what opening fetched.
+    tokens = np.random.default_rng(0).integers(0, 50_000, 200_000, dtype=np.uint16)
+    corpus = tokstream.Corpus.from_documents(np.array_split(tokens, 100))
+    path = tokstream.write_tokens(tmp_path / "big", corpus, format)
+    urls = proxied_bucket.upload(tmp_path)
+    proxied_bucket.proxy.configure()
+    opened = tokstream.open_tokens(urls[0])
+    assert opened.num_tokens == tokens.size
     served = proxied_bucket.proxy.stats()["requests"]
-    assert served
-    assert sum(r["body_bytes"] for r in served) < sum(doc.nbytes for doc in DOCS) / 4
+    assert 0 < sum(r["body_bytes"] for r in served) < 16_384, (path, served)
