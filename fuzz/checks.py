@@ -34,6 +34,7 @@ from fuzz.model import (
     TokenFile,
     cursor_of,
     file_verdict,
+    mixture_epoch,
     model_batches,
     model_call,
     model_length,
@@ -42,7 +43,9 @@ from fuzz.model import (
     model_mixture_length,
     model_reshaped_run,
     recorded_offsets,
+    windows_in,
 )
+from fuzz.schedule import schedule_edit_verdict
 from tokstream import Corpus, mix, open_tokens, reference, stream_token_source, write_tokens
 from tokstream._filemap import file_map_of
 from tokstream._options import DOCUMENT_EXTRAS
@@ -175,7 +178,7 @@ def check_reference(tokens: Any, kwargs: dict[str, Any], expected: Rejected | No
 def check_mixture(sources, weights, kwargs) -> str:
     """A mixture's stream yields the model's batches and length, or the predicted error."""
     try:
-        arrays, integer_weights, controls = model_mixture(sources, weights, kwargs)
+        arrays, stages, controls = model_mixture(sources, weights, kwargs)
     except Rejected as verdict:
         expected = verdict
     else:
@@ -190,7 +193,7 @@ def check_mixture(sources, weights, kwargs) -> str:
     assert expected is None, f"expected {expected.error.__name__} for {expected.name}"
     try:
         assert len(stream) == model_mixture_length(arrays, controls)
-        expected_batches = model_mixture_batches(arrays, integer_weights, controls)
+        expected_batches = model_mixture_batches(arrays, stages, controls)
         assert_batches_equal(
             itertools.islice(stream, MAX_BATCHES),
             itertools.islice(expected_batches, MAX_BATCHES),
@@ -225,12 +228,23 @@ def check_state_edit(tokens, kwargs, steps: int, edit) -> str:
 def check_mixture_state_edit(sources, weights, kwargs, steps: int, edit) -> str:
     """:func:`check_state_edit` for a valid mixture call (its sources, weights and schedule are
     fingerprinted too)."""
-    arrays, integer_weights, controls = model_mixture(sources, weights, kwargs)
+    arrays, stages, controls = model_mixture(sources, weights, kwargs)
+    counts = [windows_in(len(t), controls["block"], controls["stride"]) for t in arrays]
+
+    def schedule_edit(state):
+        # A schedule edited only after the saved position loads (a stage added to a run).
+        original = copy.deepcopy(state)
+        edited, must_reject = edit(state)
+        verdict = schedule_edit_verdict(
+            original, edited, must_reject, mixture_epoch(counts, controls)
+        )
+        return edited, verdict
+
     return "mixture state " + _edited_state_outcome(
         lambda: stream_token_source(mix(sources, weights), **kwargs),
-        lambda cursor=None: model_mixture_batches(arrays, integer_weights, controls, cursor),
+        lambda cursor=None: model_mixture_batches(arrays, stages, controls, cursor),
         steps,
-        edit,
+        schedule_edit,
     )
 
 

@@ -33,11 +33,13 @@ from fuzz.checks import (
     check_state_edit,
     check_token_file,
 )
+from fuzz.runs import check_mixture_reshaped_resume
 from fuzz.strategies import (
     call_kwargs,
     document_calls,
     lifecycle_events,
     mixture_calls,
+    reshaped_mixture_runs,
     reshaped_runs,
     resumable_calls,
     resumable_mixture_calls,
@@ -131,6 +133,11 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
     def mixtures(call):
         tally.add(guarded(check_mixture, *call))
 
+    @common
+    @given(run=reshaped_mixture_runs())
+    def staged_mixtures(run):
+        tally.add(guarded(check_mixture_reshaped_resume, *run))
+
     stop = time.monotonic() + seconds
     try:
         for round_number in itertools.count():
@@ -143,6 +150,7 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
                 documents,
                 mixtures,
                 mixture_states,
+                staged_mixtures,
             )
             for test in tests:
                 (test if seed is None else hypothesis.seed(seed + round_number)(test))()

@@ -82,3 +82,44 @@ class StagedSchedule:
         stage = bisect.bisect_right(self.starts, k) - 1
         source, local = mixture_sample(self.trees[stage], k - self.starts[stage])
         return source, self.offsets[stage][source] + local
+
+
+def recorded_stages(config: dict[str, Any]) -> list[tuple[int, Any]] | None:
+    """A state's schedule as its fingerprint records it: ``(0, first stage's weights as
+    JSON)`` and ``(start, digest)`` per later stage from ``"start:digest"`` items; None when
+    the fingerprint cannot hold one (a field missing or not a str, an item not of that form)."""
+    weights, later = config.get("mixture_weights"), config.get("mixture_stages", "")
+    if not isinstance(weights, str) or not isinstance(later, str):
+        return None
+    stages: list[tuple[int, Any]] = [(0, weights)]
+    for item in later.split(",") if later else []:
+        start, colon, digest = item.partition(":")
+        if not (colon and start and set(start) <= set("0123456789") and len(digest) == 16):
+            return None
+        stages.append((int(start), digest))
+    return stages
+
+
+def schedule_edit_verdict(original: Any, edited: Any, must_reject: bool, samples: int) -> bool:
+    """Whether loading ``edited`` (a mixture state whose fingerprint's schedule was edited) must
+    be refused: the stages both record before the saved global sample must be the same; any
+    other edit keeps its verdict ``must_reject``."""
+    if not (isinstance(edited, dict) and isinstance(edited.get("config"), dict)):
+        return must_reject
+    keys = ("mixture_weights", "mixture_stages")
+    if {k: v for k, v in edited.items() if k != "config"} != {
+        k: v for k, v in original.items() if k != "config"
+    }:
+        return must_reject
+    config, before = edited["config"], original["config"]
+    if {k: v for k, v in config.items() if k not in keys} != {
+        k: v for k, v in before.items() if k not in keys
+    }:
+        return must_reject
+    saved = recorded_stages(config) if "mixture_weights" in config else None
+    if saved is None:
+        return True
+    sample = original["epoch"] * samples + original["position"]
+    own = recorded_stages(before)
+    assert own is not None
+    return [s for s in saved if s[0] < sample] != [s for s in own if s[0] < sample]

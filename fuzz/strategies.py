@@ -408,10 +408,7 @@ def mixture_calls(draw):
         f"s{s}": (1000 * s + np.arange(draw(st.integers(0, 60)))).astype(dtype)
         for s in range(draw(st.integers(1, 3)))
     }
-    weights = {
-        name: draw(st.one_of(st.integers(1, 6), st.sampled_from([0.5, 0.3, 1.25, 2.0])))
-        for name in sources
-    }
+    weights = draw(mixture_weights(list(sources)))
     world_size = draw(st.integers(1, 3))
     kwargs = {
         "block": draw(st.integers(1, 10)),
@@ -436,6 +433,49 @@ def mixture_calls(draw):
     if draw(st.booleans()):
         kwargs["extras"] = ("source",)
     return sources, weights, kwargs
+
+
+def stage_weights(names: list[str]):
+    """One stage's weights: a number ``>= 0`` per name (some left out: weight 0), some
+    positive."""
+
+    @st.composite
+    def draw_stage(draw):
+        weight = st.one_of(st.integers(0, 6), st.sampled_from([0.5, 0.3, 1.25, 2.0, 0]))
+        stage = {name: draw(weight) for name in names if draw(st.integers(0, 3))}
+        if not any(stage.values()):
+            stage[draw(st.sampled_from(names))] = draw(st.integers(1, 6))
+        return stage
+
+    return draw_stage()
+
+
+@st.composite
+def mixture_weights(draw, names: list[str]):
+    """``mix(weights=...)``: a dict with a weight for every name (as before stages), or a
+    schedule of one to four stages starting at 0 with boundaries up to sample 150, where a
+    source may have weight 0 in a stage or first appear in a later one."""
+    if draw(st.booleans()):
+        stage = draw(stage_weights(names))
+        return {name: stage.get(name, 0) for name in names}
+    starts = sorted(set(draw(st.lists(st.integers(1, 150), max_size=3))))
+    return [(start, draw(stage_weights(names))) for start in [0, *starts]]
+
+
+@st.composite
+def reshaped_mixture_runs(draw):
+    """A valid mixture call, the shapes of a run resumed into a new ``(world_size,
+    batch_size)`` one to three times (as :func:`reshaped_runs`), a random generator choosing
+    the schedule each resume loads into (:func:`fuzz.runs.changed_schedule`), and a step to
+    seek to."""
+    sources, weights, kwargs = draw(mixture_calls().filter(_valid_mixture))
+    shapes = [
+        (draw(st.integers(1, 4)), draw(st.integers(1, 12)), draw(st.integers(0, 6)))
+        for _ in range(draw(st.integers(2, 4)))
+    ]
+    shapes[-1] = (*shapes[-1][:2], None)
+    chooser = draw(st.randoms(use_true_random=False))
+    return sources, weights, kwargs, shapes, chooser, draw(st.integers(0, 40))
 
 
 def _valid_mixture(call) -> bool:

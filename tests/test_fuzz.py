@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from fuzz import checks, model, strategies
+from fuzz import checks, model, runs, strategies
 from fuzz.run import guarded
 from tokstream import _validate, open_tokens, stream_token_source
 
@@ -65,6 +65,12 @@ def test_any_mixture_yields_the_models_batches_or_the_predicted_clear_error(call
 @given(call=strategies.resumable_mixture_calls(), edit=strategies.state_edits())
 def test_a_hand_edited_mixture_state_is_refused_cleanly_or_resumes_where_it_claims(call, edit):
     guarded(checks.check_mixture_state_edit, *call, edit)
+
+
+@QUICK
+@given(run=strategies.reshaped_mixture_runs())
+def test_a_staged_mixture_resumed_into_new_shapes_and_schedules_and_seeked_is_the_model(run):
+    guarded(runs.check_mixture_reshaped_resume, *run)
 
 
 @QUICK
