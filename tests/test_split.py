@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import pickle
+import sys
 
 import numpy as np
 import pytest
@@ -21,6 +22,16 @@ from tokstream import Corpus, Mixture, mix, split, stream_token_source, write_to
 from tokstream.split import RANGE_TOKENS, assign
 
 MASK = (1 << 64) - 1
+
+
+@pytest.fixture(scope="module", autouse=True, params=["listed runs", "runs read by a source"])
+def runs_held(request):
+    """Every test twice: the runs of a split as a tuple of views, and read through
+    ``tokstream.split.SplitShards`` (what a split of more than ``LISTED_RUNS`` runs uses)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "runs read by a source":
+            patch.setattr(sys.modules["tokstream.split"], "LISTED_RUNS", 0)
+        yield request.param
 
 
 def oracle_assign(num_units: int, fractions: dict[str, float], seed: int) -> list[str]:
@@ -271,6 +282,18 @@ def test_a_mixture_split_that_leaves_a_source_empty_is_a_value_error():
     tiny = mix({"big": big, "one": Corpus.from_documents([np.arange(5)])}, {"big": 1, "one": 1})
     with pytest.raises(ValueError, match="of source 'one' received no tokens"):
         split(tiny, {"a": 1, "b": 1}, seed=0)
+
+
+def test_a_split_of_many_runs_holds_arrays_of_runs_not_an_object_per_run():
+    # 20,000 one-token documents split in half: about 5,000 runs each, past LISTED_RUNS.
+    corpus = Corpus.from_documents([np.array([i], dtype=np.int32) for i in range(20_000)])
+    split_module = sys.modules["tokstream.split"]
+    for part in split(corpus, {"a": 1, "b": 1}, seed=3).values():
+        assert len(part.shards) > split_module.LISTED_RUNS
+        assert isinstance(part.source, split_module.SplitShards)
+        assert part.document_boundaries.shape == (part.num_tokens + 1,)
+        windows = np.concatenate([x[:, 0] for x, _ in stream_token_source(part, 1, 512)])
+        assert set(windows.tolist()) < set(range(20_000))
 
 
 def test_split_is_exported_from_tokstream():

@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tokstream._arrays import frozen
 from tokstream._kernels.mixture import MixtureTables, schedule_samples
-from tokstream.corpus import frozen
 
 _I8, _U8 = np.int64, np.uint64
 #: The kernel's records (``mixture.pxd``), field for field.

@@ -36,13 +36,14 @@ from typing import Any
 
 import numpy as np
 
+from tokstream._arrays import read_only
 from tokstream._options import StreamOptions
 from tokstream._order import FEISTEL_ROUNDS, WindowOrder, implicit_domain
 from tokstream._schedule import MixtureWindows, Stage
 from tokstream._space import WindowSpace
 from tokstream._state import Cursor, schedule_fingerprint
 from tokstream._validate import INT64_MAX
-from tokstream.corpus import Corpus, _read_only
+from tokstream.corpus import Corpus
 
 #: The integer weights of a schedule sum to at most this (plus one per source): the kernel's
 #: products stay below ``2**63``.
@@ -318,7 +319,7 @@ class MixtureOrder(WindowOrder):
             )
         super().__init__(samples, options)
         # First window of each source in the combined corpus, then the window count.
-        self._source_offsets = _read_only(offsets)
+        self._source_offsets = read_only(offsets)
         self._mixture = mixture
         # The schedule, from the weights alone: nothing a caller can reassign reaches the kernel,
         # which checks its tables itself.

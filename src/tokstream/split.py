@@ -26,13 +26,18 @@ place where another split's document was cut out.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from tokstream import _validate
+from tokstream._arrays import frozen
+from tokstream._filemap import FileMap
+from tokstream._shardsource import Readable, ShardSource
+from tokstream._windowing import cumulative
 from tokstream.corpus import Corpus
 from tokstream.mixture import Mixture, exact_weight, mix
 
@@ -202,44 +207,73 @@ def _unit_bounds(corpus: Corpus, range_tokens: int) -> list[np.ndarray]:
 def _split_corpus(
     corpus: Corpus, bounds: list[np.ndarray], owners: np.ndarray, names: list[str]
 ) -> dict[str, Corpus]:
-    """Each name's corpus: one shard per run of consecutive units it owns in one shard."""
-    pieces: list[tuple[list[np.ndarray], list[str], list[np.ndarray | None]]] = [
-        ([], [], []) for _ in names
-    ]
-    first_unit = 0
-    for shard, shard_bounds in enumerate(bounds):
-        units = shard_bounds.shape[0] - 1
-        shard_owners = owners[first_unit : first_unit + units]
-        first_unit += units
-        # Runs: where the owner changes, plus both ends.
-        cuts = np.flatnonzero(shard_owners[1:] != shard_owners[:-1]) + 1
-        run_starts = np.concatenate([[0], cuts]) if units else cuts
-        run_ends = np.append(cuts, units) if units else cuts
-        tokens = corpus.shards[shard]
-        starts, stops = shard_bounds[run_starts].tolist(), shard_bounds[run_ends].tolist()
-        run_owners = shard_owners[run_starts].tolist()
-        for begin, end, start, stop, owner in zip(
-            run_starts.tolist(), run_ends.tolist(), starts, stops, run_owners, strict=True
-        ):
-            arrays, shard_names, documents = pieces[owner]
-            arrays.append(tokens[start:stop])
-            shard_names.append(f"shards[{shard}][{start}:{stop}]")
-            # A run of one document is a shard without recorded boundaries: one document.
-            many = corpus.has_documents and end - begin > 1
-            documents.append(shard_bounds[begin : end + 1] - start if many else None)
+    """Each name's corpus: one shard per run of consecutive units it owns in one shard.
+
+    Found with whole-array operations, whatever the number of runs. A split of at most
+    :data:`LISTED_RUNS` runs holds its runs as arrays (views); a larger one reads them through a
+    :class:`SplitShards` source, so that nothing is done per run in Python.
+    """
+    per_shard = np.array([b.shape[0] - 1 for b in bounds], dtype=np.int64)
+    shard_of = np.repeat(np.arange(len(bounds), dtype=np.int64), per_shard)
+    unit_starts = np.concatenate([b[:-1] for b in bounds]).astype(np.int64, copy=False)
+    unit_ends = np.concatenate([b[1:] for b in bounds]).astype(np.int64, copy=False)
+    # A run starts at the first unit, and wherever the shard or the owner changes.
+    new_run = np.ones(owners.shape[0], dtype=bool)
+    new_run[1:] = (owners[1:] != owners[:-1]) | (shard_of[1:] != shard_of[:-1])
+    run_first = np.flatnonzero(new_run)
+    run_end = np.append(run_first[1:], owners.shape[0])  # one past each run's last unit
+    run_owner = owners[run_first]
     result = {}
-    for name, (arrays, shard_names, documents) in zip(names, pieces, strict=True):
-        if not arrays:
-            arrays, shard_names, documents = [corpus.shards[0][:0]], ["shards[0][0:0]"], [None]
-        if corpus.has_documents and all(d is None for d in documents):
-            # Every run one document: record the first's boundaries, so the split says it has
-            # documents (and a split of it splits documents again, not token ranges).
-            documents[0] = np.array([0, arrays[0].shape[0]], dtype=np.int64)
+    for index, name in enumerate(names):
+        mine = np.flatnonzero(run_owner == index)
+        first, end = run_first[mine], run_end[mine]
+        shards = shard_of[first]
+        starts, stops = unit_starts[first], unit_ends[end - 1]
         label = f"split {name!r}"
-        result[name] = Corpus._from_arrays(
-            arrays, [f"{label} of {n}" for n in shard_names], label, documents
-        )
+        if mine.shape[0] == 0:
+            result[name] = Corpus._from_arrays(
+                [corpus.shards[0][:0]], [f"{label} of shards[0][0:0]"], label, [None]
+            )
+        elif mine.shape[0] <= LISTED_RUNS:
+            runs = (shards, starts, stops, first, end)
+            result[name] = _listed_runs(corpus, label, bounds, cumulative(per_shard), runs)
+        else:
+            units = owners == index
+            documents = None
+            if corpus.has_documents:
+                # Every unit is a document: its boundaries, laid end to end.
+                documents = cumulative(unit_ends[units] - unit_starts[units]), end - first
+            source = SplitShards(corpus, label, shards, starts, stops - starts, documents)
+            result[name] = Corpus._from_source(source, label)
     return result
+
+
+def _listed_runs(
+    corpus: Corpus,
+    label: str,
+    bounds: list[np.ndarray],
+    unit_base: np.ndarray,
+    runs: tuple[np.ndarray, ...],
+) -> Corpus:
+    """A split of few runs as a corpus of views, each run's units its documents. ``runs``:
+    each run's shard, first and end token, first and end unit (global unit indices;
+    ``unit_base[shard]`` is the shard's first)."""
+    arrays: list[np.ndarray] = []
+    shard_names: list[str] = []
+    documents: list[np.ndarray | None] = []
+    for shard, start, stop, begin, finish in zip(*(r.tolist() for r in runs), strict=True):
+        arrays.append(corpus.shards[shard][start:stop])
+        shard_names.append(f"{label} of shards[{shard}][{start}:{stop}]")
+        # A run of one document is a shard without recorded boundaries: one document.
+        many = corpus.has_documents and finish - begin > 1
+        base = int(unit_base[shard])
+        run_bounds = bounds[shard][begin - base : finish - base + 1]
+        documents.append(run_bounds - start if many else None)
+    if corpus.has_documents and all(d is None for d in documents):
+        # Every run one document: record the first's boundaries, so the split says it has
+        # documents (and a split of it splits documents again, not token ranges).
+        documents[0] = np.array([0, arrays[0].shape[0]], dtype=np.int64)
+    return Corpus._from_arrays(arrays, shard_names, label, documents)
 
 
 def _split_mixture(
@@ -266,3 +300,91 @@ def _split_mixture(
                 )
         result[name] = mix({s: parts[s][name] for s in mixture.names}, source_weights)
     return result
+
+
+#: A split of at most this many runs holds them as a tuple of array views (what a corpus of a
+#: few shards is); beyond it, a :class:`SplitShards` source (no Python object per run).
+LISTED_RUNS = 4096
+
+
+class SplitShards(ShardSource):
+    """The runs of a large split as the shards of a lazily read corpus: run ``i`` is tokens
+    ``[starts[i], starts[i] + lengths[i])`` of shard ``shards[i]`` of ``parent``.
+
+    ``documents`` is None (the parent records none: a run is one document) or ``(boundaries,
+    counts)``: every document's first token in the runs laid end to end then their total, and
+    each run's document count. Reading a run reads the parent: its arrays' addresses, or the
+    parent's own source for a parent read on demand.
+    """
+
+    def __init__(
+        self,
+        parent: Corpus,
+        label: str,
+        shards: np.ndarray,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        documents: tuple[np.ndarray, np.ndarray] | None,
+    ) -> None:
+        self.dtype = parent.dtype
+        self.lengths = frozen(lengths.astype(np.int64))
+        self.names = _RunNames(label, frozen(shards), frozen(starts), self.lengths)
+        self._parent = parent
+        self._shards, self._starts = self.names.shards, self.names.starts
+        self._documents = None if documents is None else tuple(frozen(d) for d in documents)
+        self._bases: np.ndarray | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_bases": None}  # addresses are this process' only
+
+    def shard(self, index: int) -> np.ndarray:
+        start = int(self._starts[index])
+        run: np.ndarray = self._parent.shards[int(self._shards[index])]
+        return run[start : start + int(self.lengths[index])]
+
+    def readable(self, shards: np.ndarray, offsets: np.ndarray, nbytes: Any) -> Readable:
+        self.check_ranges(shards, offsets, nbytes)
+        parent_shards = self._shards[shards]
+        parent_offsets = self._starts[shards] * self.dtype.itemsize + offsets
+        if self._parent.source is not None:
+            return self._parent.source.readable(parent_shards, parent_offsets, nbytes)
+        if self._bases is None:
+            # The parent's arrays stay alive with it, and it with this source.
+            bases = [shard.ctypes.data for shard in self._parent.shards]
+            self._bases = np.array(bases, dtype=np.uint64)
+        addresses = self._bases[parent_shards] + parent_offsets.astype(np.uint64)
+        return Readable(addresses, keep=self._parent)
+
+    def document_boundaries(self) -> np.ndarray | None:
+        return None if self._documents is None else self._documents[0]
+
+    def document_counts(self) -> np.ndarray | None:
+        return None if self._documents is None else self._documents[1]
+
+    def memory_maps(self) -> Iterator[mmap.mmap | FileMap]:
+        return self._parent.memory_maps()
+
+    def advise(self, advice: int | None) -> None:
+        if self._parent.source is not None:
+            self._parent.source.advise(advice)
+
+
+class _RunNames(Sequence[str]):
+    """The runs' names for messages, made when asked for: ``split 'valid' of
+    shards[3][100:250]``."""
+
+    def __init__(
+        self, label: str, shards: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+    ) -> None:
+        self.label, self.shards, self.starts, self.lengths = label, shards, starts, lengths
+
+    def __len__(self) -> int:
+        return int(self.shards.shape[0])
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = range(len(self))[index]
+        start = int(self.starts[i])
+        stop = start + int(self.lengths[i])
+        return f"{self.label} of shards[{int(self.shards[i])}][{start}:{stop}]"
