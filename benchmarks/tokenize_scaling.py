@@ -1,13 +1,21 @@
 """How close `tokstream tokenize` comes to the encoder's own speed, by engine and workers.
 
-Real text (documentation and source files found on this machine, one document per file) is
-tokenized with a GPT-2-style byte-level BPE trained here on part of it. The encoder's own rate
-is measured first in the same run: ``Tokenizer.encode_batch`` over the same documents in the
-job's batches, on one core (``TOKENIZERS_PARALLELISM=false``, as the job's workers run it). Then
-``tokenize_files`` runs with 1 and 2 workers under the local engine and, when Ray is installed,
-the Ray engine (on a Ray started once beforehand, its start-up timed apart). Every output must
-be byte-identical to the first before any figure is printed. The ratio is the job's tokens/s
-over ``workers x`` the encoder's single-core tokens/s (target: at least 0.9).
+Real text (documentation and source files found on this machine, one document per file, as
+JSON Lines) is tokenized with a GPT-2-style byte-level BPE trained here on part of it, and with
+a tiktoken encoding when tiktoken and that encoding are already cached (nothing is
+downloaded). For each encoder, in the same run:
+
+- the encoder's own rate: ``encode_batch`` over the same documents in the job's batches, on one
+  core (``TOKENIZERS_PARALLELISM=false``, as the job's workers run it), the ids taken out;
+- where a one-worker job's time goes: the same work done stage by stage in this process
+  (reading and parsing the ranges, encoding, packing the ids into arrays, writing the shards);
+- ``tokenize_files`` with 1 and 2 workers under the local engine and, when Ray is installed, the
+  Ray engine (on a Ray started once beforehand, its start-up timed apart).
+
+Every output must be byte-identical (sha256 of every file) to the first before any figure is
+printed. The ratio is the job's tokens/s over ``workers x`` the encoder's single-core rate
+(target: at least 0.9). The load average is printed with every row: on a shared machine a
+second worker only helps when a core is free.
 
     python benchmarks/tokenize_scaling.py --megabytes 200
 """
@@ -23,9 +31,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per encoder, before tokenizers loads
 
-from tokstream.tokenize import job, tokenize_files  # noqa: E402
+from tokstream.formats.writer import TokenFileWriter  # noqa: E402
+from tokstream.tokenize import task as tasks  # noqa: E402
+from tokstream.tokenize import tokenize_files  # noqa: E402
+from tokstream.tokenize.encoders import Encoder  # noqa: E402
 
 TEXT_ROOTS = ("/usr/share/doc", "/usr/lib/python3", "/usr/share/man", "/usr/include")
 SUFFIXES = {".txt", ".md", ".rst", ".py", ".h", ".c", ".html", ".1", ".README", ""}
@@ -69,22 +82,56 @@ def train_tokenizer(documents: list[str], path: Path, vocab_size: int) -> None:
     tokenizer.save(str(path))
 
 
-def encoder_rate(tokenizer_file: Path, documents: list[str]) -> tuple[float, int]:
-    """The encoder's own single-core tokens/s over ``documents`` in the job's batches."""
-    from tokenizers import Tokenizer
+def cached_tiktoken() -> str | None:
+    """A tiktoken encoding already in tiktoken's cache, or None (nothing is downloaded)."""
+    try:
+        Encoder("gpt2")
+    except (ImportError, ValueError):
+        return None
+    return "gpt2"
 
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    tokenizer.encode_special_tokens = True
+
+def encoder_rate(encoder: Encoder, documents: list[str]) -> tuple[float, int]:
+    """The encoder's own single-core tokens/s over ``documents`` in the job's batches."""
     tokens = 0
     started = time.perf_counter()
-    for i in range(0, len(documents), job.BATCH_DOCUMENTS):
-        batch = documents[i : i + job.BATCH_DOCUMENTS]
-        tokens += sum(len(e.ids) + 1 for e in tokenizer.encode_batch(batch))
+    for i in range(0, len(documents), tasks.BATCH_DOCUMENTS):
+        tokens += sum(
+            len(ids) + 1 for ids in encoder.encode(documents[i : i + tasks.BATCH_DOCUMENTS])
+        )
     return tokens / (time.perf_counter() - started), tokens
+
+
+def stages(todo: list[tasks.Task], encoder: Encoder, scratch: Path) -> dict[str, float]:
+    """Seconds a one-worker job spends in each stage, measured one stage at a time: reading
+    and parsing its ranges, the encoder, packing the ids into arrays, writing the shards."""
+    seconds = dict.fromkeys(("read", "encode", "pack", "write"), 0.0)
+    for task in todo:
+        started = time.perf_counter()
+        batches = list(tasks.batches(task))
+        seconds["read"] += time.perf_counter() - started
+        arrays = []
+        for texts in batches:
+            started = time.perf_counter()
+            encoded = encoder.encode(texts)
+            seconds["encode"] += time.perf_counter() - started
+            started = time.perf_counter()
+            arrays.append(tasks.pack(encoded, task.eos)[0])
+            seconds["pack"] += time.perf_counter() - started
+        started = time.perf_counter()
+        with TokenFileWriter(scratch / "stage.npy", "npy", np.dtype(task.dtype)) as writer:
+            for array in arrays:
+                writer.write(array)
+        seconds["write"] += time.perf_counter() - started
+    return seconds
 
 
 def hashes(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in directory.iterdir()}
+
+
+def load() -> str:
+    return "{:.1f}/{:.1f}".format(*os.getloadavg()[:2])
 
 
 def main() -> int:
@@ -92,29 +139,37 @@ def main() -> int:
     parser.add_argument("--megabytes", type=float, default=200.0, help="text to tokenize")
     parser.add_argument("--vocab-size", type=int, default=16384)
     parser.add_argument("--workers", default="1,2", help="worker counts to run")
+    parser.add_argument("--shards", type=int, default=32, help="ranges the text is cut into")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray engine")
     args = parser.parse_args()
     worker_counts = [int(w) for w in args.workers.split(",")]
 
     documents = gather_text(args.megabytes)
     text_bytes = sum(len(d.encode()) for d in documents)
-    with tempfile.TemporaryDirectory() as scratch:
-        scratch = Path(scratch)
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch_name:
+        scratch = Path(scratch_name)
         corpus = scratch / "corpus.jsonl"
         with open(corpus, "w", encoding="utf-8") as f:
             for document in documents:
                 f.write(json.dumps({"text": document}) + "\n")
+        shard_bytes = -(-corpus.stat().st_size // args.shards)
         tokenizer_file = scratch / "tokenizer.json"
         started = time.perf_counter()
         train_tokenizer(documents[: max(len(documents) // 10, 1)], tokenizer_file, args.vocab_size)
         print(
             f"{len(documents):,} documents, {text_bytes / 1e6:,.1f} MB of text "
-            f"({corpus.stat().st_size / 1e6:,.1f} MB as JSON Lines); byte-level BPE of "
-            f"{args.vocab_size:,} trained in {time.perf_counter() - started:.1f} s",
+            f"({corpus.stat().st_size / 1e6:,.1f} MB as JSON Lines, {args.shards} ranges); "
+            f"byte-level BPE of {args.vocab_size:,} trained in "
+            f"{time.perf_counter() - started:.1f} s",
             file=sys.stderr,
         )
-        single, tokens = encoder_rate(tokenizer_file, documents)
-        rows = [("encode_batch", 1, text_bytes / (tokens / single), single, None)]
+        encoders = {"byte-level BPE": str(tokenizer_file)}
+        tiktoken_name = cached_tiktoken()
+        if tiktoken_name:
+            encoders[f"tiktoken {tiktoken_name}"] = tiktoken_name
+        else:
+            print("tiktoken (or a cached encoding) missing: its rows are skipped", file=sys.stderr)
 
         engines = ["local"]
         if not args.no_ray:
@@ -132,28 +187,58 @@ def main() -> int:
                 )
                 print(f"Ray started in {time.perf_counter() - started:.1f} s", file=sys.stderr)
                 engines.append("ray")
-        reference = None
-        for engine in engines:
-            for workers in worker_counts:
-                out = scratch / f"{engine}_{workers}"
-                started = time.perf_counter()
-                result = tokenize_files(
-                    [str(corpus)], str(tokenizer_file), out, engine=engine, workers=workers
-                )
-                elapsed = time.perf_counter() - started
-                assert result.tokens == tokens, (result.tokens, tokens)
-                found = hashes(out)
-                reference = reference or found
-                assert found == reference, f"{engine} x {workers}: the output differs"
-                rate = result.tokens / elapsed
-                rows.append(
-                    (engine, workers, text_bytes / elapsed, rate, rate / (workers * single))
-                )
-    print("| run | workers | MB/s | Mtokens/s | / (workers x encode_batch) |")
-    print("|---|---|---|---|---|")
-    for name, workers, mb, rate, ratio in rows:
+
+        for label, spec in encoders.items():
+            encoder = Encoder(spec)
+            single, tokens = encoder_rate(encoder, documents)
+            rows.append(
+                (label, "encode_batch", 1, text_bytes * single / tokens, single, None, load())
+            )
+            plan = tasks.plan([corpus], shard_bytes, "text", False)
+            todo = [
+                tasks.Task(i, tuple(map(tuple, spans)), size, (str(corpus),), str(scratch),
+                           spec, 0, "npy", "uint16" if encoder.max_id < 65536 else "uint32",
+                           "text", False)
+                for i, (spans, size) in enumerate(plan)
+            ]  # fmt: skip
+            split = stages(todo, encoder, scratch)
+            total = sum(split.values())
+            print(
+                f"{label}: one worker's stages, one at a time in this process: "
+                + ", ".join(f"{k} {v:.2f} s ({v / total:.1%})" for k, v in split.items())
+                + f" (load {load()})",
+                file=sys.stderr,
+            )
+            reference = None
+            for engine in engines:
+                for workers in worker_counts:
+                    out = scratch / f"{label}_{engine}_{workers}".replace(" ", "_")
+                    started = time.perf_counter()
+                    result = tokenize_files(
+                        [str(corpus)],
+                        spec,
+                        out,
+                        engine=engine,
+                        workers=workers,
+                        shard_bytes=shard_bytes,
+                    )
+                    elapsed = time.perf_counter() - started
+                    assert result.tokens == tokens, (result.tokens, tokens)
+                    found = hashes(out)
+                    reference = reference or found
+                    assert found == reference, f"{engine} x {workers}: the output differs"
+                    rate = result.tokens / elapsed
+                    ratio = rate / (workers * single)
+                    rows.append((label, engine, workers, text_bytes / elapsed, rate, ratio, load()))
+    print(
+        "| encoder | run | workers | MB/s | Mtokens/s | / (workers x encode_batch) | load 1/5 min |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for label, name, workers, mb, rate, ratio, when in rows:
         shown = "" if ratio is None else f"{ratio:.2f}"
-        print(f"| {name} | {workers} | {mb / 1e6:.2f} | {rate / 1e6:.3f} | {shown} |")
+        cells = [label, name, workers, f"{mb / 1e6:.2f}", f"{rate / 1e6:.3f}", shown, when]
+        print("| " + " | ".join(map(str, cells)) + " |")
+    print(f"(load average at the end: {load()})")
     return 0
 
 

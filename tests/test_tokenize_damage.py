@@ -133,7 +133,7 @@ def tokenized_directory(tmp_path: Path, tokenizer_file: Path, format: str) -> Pa
     (tmp_path / "in.txt").write_text("\n".join(TEXTS))
     out = tmp_path / "out"
     tokenize_files(
-        [str(tmp_path / "in.txt")], str(tokenizer_file), out, format=format, shard_tokens=400
+        [str(tmp_path / "in.txt")], str(tokenizer_file), out, format=format, shard_bytes=400
     )
     return out
 

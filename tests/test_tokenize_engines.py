@@ -6,16 +6,26 @@ itself: started for it and stopped after it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import byte_level_bpe
+from tests.test_tokenize_resume import killed_and_finished, start_child, wait_for, write_inputs
 from tokstream import cli
-from tokstream.formats import tokenized
-from tokstream.tokenize import job, tokenize_files
+from tokstream.tokenize import tokenize_files
 
 pytest.importorskip("tokenizers")
 
@@ -39,7 +49,7 @@ def inputs(tmp_path_factory) -> list[str]:
 @pytest.fixture(scope="module")
 def local_hashes(tmp_path_factory, tokenizer_file, inputs) -> dict[str, str]:
     out = tmp_path_factory.mktemp("local") / "out"
-    tokenize_files(inputs, str(tokenizer_file), out, shard_tokens=7000)
+    tokenize_files(inputs, str(tokenizer_file), out, shard_bytes=20000)
     return hashes(out)
 
 
@@ -87,7 +97,7 @@ def test_the_local_engine_gives_the_same_bytes_for_any_number_of_workers(
 ):
     for workers in (2, 3):
         out = tmp_path / f"out_{workers}"
-        tokenize_files(inputs, str(tokenizer_file), out, shard_tokens=7000, workers=workers)
+        tokenize_files(inputs, str(tokenizer_file), out, shard_bytes=20000, workers=workers)
         assert hashes(out) == local_hashes
 
 
@@ -126,22 +136,21 @@ def test_an_embedded_ray_gives_the_local_bytes_and_is_stopped(
     ray = pytest.importorskip("ray")
     assert not ray.is_initialized()
     out = tmp_path / "out"
-    tokenize_files(inputs, str(tokenizer_file), out, shard_tokens=7000, engine="ray", workers=2)
+    tokenize_files(inputs, str(tokenizer_file), out, shard_bytes=20000, engine="ray", workers=2)
     assert not ray.is_initialized()
     assert hashes(out) == local_hashes
 
 
 def test_ray_finishes_an_interrupted_run_with_the_local_bytes(
-    tmp_path, tokenizer_file, inputs, local_hashes, monkeypatch
+    tmp_path, tokenizer_file, inputs, local_hashes
 ):
     pytest.importorskip("ray")
-    monkeypatch.setattr(job, "BATCH_DOCUMENTS", 100)
     out = tmp_path / "stopped"
-    batches = []
+    calls = []
 
-    def stop_after_eight_batches(message: str, milestone: bool) -> None:
-        batches.append(message)
-        if len(batches) == 8:
+    def stop_after_two_shards(message: str, milestone: bool) -> None:
+        calls.append(message)
+        if len(calls) == 3:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -149,15 +158,155 @@ def test_ray_finishes_an_interrupted_run_with_the_local_bytes(
             inputs,
             str(tokenizer_file),
             out,
-            shard_tokens=7000,
+            shard_bytes=20000,
             engine="ray",
             workers=1,
-            progress=stop_after_eight_batches,
+            progress=stop_after_two_shards,
         )
-    assert len(tokenized.load(out)["shards"]) > 0
-    monkeypatch.setattr(job, "BATCH_DOCUMENTS", 1000)
     result = tokenize_files(
-        inputs, str(tokenizer_file), out, shard_tokens=7000, engine="ray", workers=3
+        inputs, str(tokenizer_file), out, shard_bytes=20000, engine="ray", workers=3
     )
-    assert result.resumed_documents == 800
+    assert result.resumed_documents == sum(
+        np.load(out / f"shard_{i:06d}.documents.npy").shape[0] - 1 for i in range(2)
+    )
     assert hashes(out) == local_hashes
+
+
+# ---------------------------------------------------------------------------------------------
+# A Ray cluster the caller started (``ray start --head``), in processes of its own
+
+
+@pytest.fixture
+def ray_head(tmp_path, monkeypatch):
+    """A Ray head started as a user would (``ray start --head --block``), in a process group of
+    its own that the fixture ends; its address on 127.0.0.1, its process, its directory.
+
+    Token authentication is off for it and for the processes the test starts (they inherit this
+    environment): the token a head makes lives in the user's home, shared by every Ray here.
+    """
+    pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    ray_command = Path(sys.executable).with_name("ray")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # A short directory: Ray's unix socket paths must stay under about 100 characters.
+    temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+    log = open(tmp_path / "ray_head.log", "w")
+    head = subprocess.Popen(
+        [
+            str(ray_command),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={temp}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        address = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in (tmp_path / "ray_head.log").read_text():
+            assert head.poll() is None, (tmp_path / "ray_head.log").read_text()
+            assert time.monotonic() < deadline, "the Ray head did not start in 120 s"
+            time.sleep(0.5)
+        yield address, head, temp
+    finally:
+        stop_group(head)
+        log.close()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """End ``process`` and everything it started in its process group."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 30)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def test_a_caller_started_ray_runs_the_job_at_its_address(
+    tmp_path, tokenizer_file, inputs, local_hashes, ray_head
+):
+    address, head, temp = ray_head
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tokstream",
+            "tokenize",
+            *inputs,
+            "--tokenizer",
+            str(tokenizer_file),
+            "--output",
+            str(out),
+            "--shard-bytes",
+            "20000",
+            "--engine",
+            "ray",
+            "--ray-address",
+            address,
+            "--workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert hashes(out) == local_hashes
+    # The job was a driver of that cluster (its log is in the cluster's session), which is up.
+    logs = temp / "session_latest" / "logs"
+    assert list(logs.glob("python-core-driver-*")), sorted(p.name for p in logs.iterdir())
+    assert head.poll() is None
+
+
+def test_ray_runs_killed_at_random_points_finish_byte_identical(tmp_path, tokenizer_file, ray_head):
+    address, _, _ = ray_head
+    inputs = write_inputs(tmp_path)
+    assert killed_and_finished(tmp_path, tokenizer_file, inputs, 10, "ray", address) > 0
+
+
+def test_a_dead_cluster_is_an_error_not_a_hang(tmp_path, tokenizer_file, ray_head):
+    address, head, temp = ray_head
+    inputs = write_inputs(tmp_path)
+    child = start_child(
+        tokenizer_file,
+        tmp_path / "out",
+        inputs,
+        engine="ray",
+        address=address,
+        workers=2,
+        hold_after=2,
+        stall=10,
+    )
+    try:
+        wait_for(child, "go")
+        wait_for(child, "holding")  # the first shard is made; the cluster dies
+        stop_group(head)
+        child.send_signal(signal.SIGUSR1)  # let the job go on, now against a dead cluster
+        code = child.wait(timeout=240)
+    finally:
+        child.kill()
+        child.wait()
+    stderr = child.stderr.read()
+    child.stdout.close()
+    child.stderr.close()
+    assert code == 1 and "TimeoutError: Ray at" in stderr and "made no shard in 10 s" in stderr
+    # What the dead cluster had made stays made; the local engine finishes the job.
+    clean = tmp_path / "clean"
+    tokenize_files(inputs, str(tokenizer_file), clean, shard_bytes=10000)
+    result = tokenize_files(inputs, str(tokenizer_file), tmp_path / "out", shard_bytes=10000)
+    assert result.resumed_documents > 0 and hashes(tmp_path / "out") == hashes(clean)

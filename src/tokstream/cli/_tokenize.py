@@ -16,8 +16,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "tokenize",
         help="tokenize text into token shards",
         description="Encode text, JSON Lines and Parquet documents, each followed by --eos, into "
-        "shards open_tokens(DIR) reads with their documents; the same output whatever --workers; "
-        "run an interrupted or failed command again to finish it. Nothing is downloaded.",
+        "shards open_tokens(DIR) reads with their documents; the same output whatever --engine "
+        "and --workers; run an interrupted or failed command again to finish it. Nothing is "
+        "downloaded.",
     )
     tokenize.add_argument("inputs", nargs="+", metavar="INPUT", help="input files or patterns")
     tokenize.add_argument(
@@ -41,17 +42,17 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="token dtype (default uint16 when the tokenizer's largest id fits, else 32-bit)",
     )
     tokenize.add_argument(
-        "--shard-tokens",
+        "--shard-bytes",
         type=positive,
-        default=100_000_000,
+        default=64_000_000,
         metavar="N",
-        help="most tokens in a shard (default 100,000,000); documents are never split",
+        help="input bytes made into one shard (default 64,000,000); documents are never split",
     )
-    tokenize.add_argument("--workers", type=positive, default=1, help="encoding processes")
+    tokenize.add_argument("--workers", type=positive, default=1, help="shards made at a time")
     tokenize.add_argument(
         "--engine",
         default="local",
-        help="where batches are encoded: local (processes) or ray (actors); the same output",
+        help="where shards are made: local (processes) or ray (tasks); the same output",
     )
     tokenize.add_argument(
         "--ray-address",
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         args.output,
         eos=eos,
         format=args.format,
-        shard_tokens=args.shard_tokens,
+        shard_bytes=args.shard_bytes,
         workers=args.workers,
         text_field=args.text_field,
         document_per_file=args.document_per_file,

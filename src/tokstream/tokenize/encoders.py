@@ -14,8 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tokstream import _validate
 from tokstream._extras import install_hint
 
@@ -142,28 +140,3 @@ def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
         yield
     finally:
         setattr(module, name, original)
-
-
-_worker_encoder: Encoder | None = None
-
-
-def start_worker(spec: str) -> None:
-    global _worker_encoder
-    # One process per core already: the tokenizer's own thread pool would oversubscribe.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _worker_encoder = Encoder(spec)
-
-
-def encode_batch(
-    texts: list[str], eos: int | None, encoder: Encoder | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """All ids of ``texts`` back to back (each followed by ``eos``) and each document's length."""
-    encoder = encoder or _worker_encoder
-    assert encoder is not None
-    encoded = encoder.encode(texts)
-    tail = [] if eos is None else [eos]
-    lengths = np.array([len(ids) + len(tail) for ids in encoded], dtype=np.int64)
-    flat = np.fromiter(
-        (i for ids in encoded for i in (*ids, *tail)), dtype=np.int64, count=int(lengths.sum())
-    )
-    return flat, lengths

@@ -1,97 +1,108 @@
-"""Where a tokenize job's batches are encoded: this process, a process pool, or Ray.
+"""Where a tokenize job's tasks run: this process, a process pool, or Ray.
 
-Every engine takes the same batches of document texts, in input order, and gives back each
-batch's ids and document lengths in that same order; the job alone writes them. So the output
-is the same, byte for byte, whatever the engine and the number of workers, and a run stopped
-under one engine is finished under any other.
+A task (:class:`tokstream.tokenize.task.Task`) is pure: a range of the inputs in, a shard with
+its documents and its manifest entry out. Every engine runs the same tasks, in any order and
+on any worker, so the output is the same, byte for byte, whatever the engine and the number of
+workers, and a run stopped under one engine is finished under any other.
 
-- ``"local"``: one worker encodes in this process; more are spawned processes.
-- ``"ray"``: one Ray actor per worker, each loading the tokenizer once; without an address an
-  embedded local Ray is started for the job (and stopped after it), with one the job runs on
-  that cluster (``pip install "tokstream[ray]"``; the cluster's nodes need tokstream and the
-  tokenizer too). The batches are read here and sent to the actors, at most two per actor in
-  flight, so a cluster scales the encoding, not the reading.
+- ``"local"``: one worker runs the tasks in this process; more are spawned processes.
+- ``"ray"``: each task is a Ray task (one CPU), at most ``workers`` at a time; without an
+  address an embedded local Ray is started for the job (and stopped after it), with one the job
+  runs on that cluster (``pip install "tokstream[ray]"``; every node needs tokstream and the
+  tokenizer, and reads the inputs and writes the output directory at the same paths: a shared
+  filesystem). A cluster that makes no shard for :data:`STALL_SECONDS` is an error, not a hang.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import contextlib
-import itertools
+import logging
 import multiprocessing
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import numpy as np
-
 from tokstream._extras import install_hint
-from tokstream.tokenize.encoders import Encoder, encode_batch, start_worker
+from tokstream.tokenize import task as tasks
+from tokstream.tokenize.encoders import Encoder
 
 ENGINES = ("local", "ray")
 #: Seconds to wait for a Ray address to answer before calling it unreachable.
 CONNECT_SECONDS = 5.0
+#: Seconds Ray may go without finishing a shard before the job calls the cluster dead.
+STALL_SECONDS = 1800.0
+#: The logger of Ray's notice that a new local Ray uses token authentication: an embedded Ray
+#: lives and dies with the job, so the notice is noise on the job's stderr.
+AUTH_NOTICE = "ray._private.authentication.authentication_token_setup"
 
-Batches = Iterator[tuple[list[str], list[int], int]]
-Encoded = Iterator[tuple[tuple[np.ndarray, np.ndarray], list[int], int]]
+Entries = Iterator[tuple[tasks.Task, dict[str, Any]]]
+Runner = Callable[[list[tasks.Task]], Entries]
 
 
 def start(
     stack: contextlib.ExitStack,
     engine: str,
-    spec: str,
     encoder: Encoder,
     workers: int,
-    eos: int | None,
     ray_address: str | None,
-) -> Callable[[Batches], Encoded]:
-    """Start ``engine`` (its end registered on ``stack``); the function that encodes batches.
+) -> Runner:
+    """Start ``engine`` (its end registered on ``stack``); the function that runs tasks.
 
+    The runner yields each task with its shard's entry as soon as it is made (in any order).
     Called before the output directory is claimed: an engine that cannot start (Ray missing or
     unreachable) leaves nothing written.
     """
     if engine == "ray":
-        submit = _ray_submitter(stack, spec, workers, eos, ray_address)
-        return lambda batches: _in_order(submit, batches, 2 * workers)
+        return _ray_runner(stack, workers, ray_address)
     if ray_address is not None:
         raise ValueError("ray_address (--ray-address) is for engine='ray' (--engine ray)")
     if workers == 1:
-        return lambda batches: (
-            (encode_batch(texts, eos, encoder), end, read) for texts, end, read in batches
-        )
-    pool = stack.enter_context(
-        concurrent.futures.ProcessPoolExecutor(
-            workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=start_worker,
-            initargs=(spec,),
-        )
+        return lambda todo: ((task, tasks.run(task, encoder)) for task in todo)
+    pool = concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn")
     )
-    return lambda batches: _in_order(
-        lambda texts: pool.submit(encode_batch, texts, eos).result, batches, 2 * workers
-    )
+    stack.push(lambda error, *_: _stop_pool(pool, error is not None))
+    return lambda todo: _pooled(pool, todo, workers)
 
 
-def _in_order(
-    submit: Callable[[list[str]], Callable[[], Any]], batches: Batches, limit: int
-) -> Iterator[tuple[Any, list[int], int]]:
-    """Each batch's result in input order, with at most ``limit`` batches in flight."""
-    pending: collections.deque[tuple[Callable[[], Any], list[int], int]] = collections.deque()
-    for texts, end, read in batches:
-        pending.append((submit(texts), end, read))
-        if len(pending) >= limit:
-            result, end, read = pending.popleft()
-            yield result(), end, read
-    while pending:
-        result, end, read = pending.popleft()
-        yield result(), end, read
+def _pooled(
+    pool: concurrent.futures.ProcessPoolExecutor, todo: list[tasks.Task], workers: int
+) -> Entries:
+    """Each task with its entry as made, at most two tasks a worker submitted at a time."""
+    waiting = iter(todo)
+    running: dict[concurrent.futures.Future[dict[str, Any]], tasks.Task] = {}
+    while True:
+        for task in waiting:
+            running[pool.submit(tasks.run, task)] = task
+            if len(running) >= 2 * workers:
+                break
+        if not running:
+            return
+        done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+        for future in done:
+            yield running.pop(future), future.result()
 
 
-def _ray_submitter(
-    stack: contextlib.ExitStack, spec: str, workers: int, eos: int | None, address: str | None
-) -> Callable[[list[str]], Callable[[], Any]]:
+def _stop_pool(pool: concurrent.futures.ProcessPoolExecutor, failed: bool) -> None:
+    """Shut the pool down; a job stopping on an error does not wait for its tasks.
+
+    Their worker processes are terminated then: a task left running would go on writing its
+    shard into a directory whose lock the job is about to release.
+    """
+    if not failed:
+        pool.shutdown()
+        return
+    processes = list(getattr(pool, "_processes", {}).values())  # the executor's own workers
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join()
+
+
+def _ray_runner(stack: contextlib.ExitStack, workers: int, address: str | None) -> Runner:
     try:
         import ray
     except ImportError:
@@ -101,37 +112,74 @@ def _ray_submitter(
     if not ray.is_initialized():  # a Ray the caller started is used as it is, and left running
         try:
             if address is None:
-                ray.init(
-                    num_cpus=workers,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    configure_logging=False,
-                )
+                with _quiet(AUTH_NOTICE):
+                    ray.init(
+                        num_cpus=workers,
+                        include_dashboard=False,
+                        log_to_driver=False,
+                        configure_logging=False,
+                    )
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = f"ray address {address!r}" if address else "a local Ray"
             raise ValueError(f"cannot start {where} (--ray-address): {exc}") from None
         stack.callback(ray.shutdown)
+    remote = ray.remote(num_cpus=1)(tasks.run)
+    where = f"Ray at {address!r}" if address else "the local Ray"
 
-    @ray.remote(num_cpus=1)
-    class EncodeWorker:
-        def __init__(self, spec: str) -> None:
-            start_worker(spec)
+    def run(todo: list[tasks.Task]) -> Entries:
+        waiting = iter(todo)
+        running: dict[Any, tasks.Task] = {}
+        try:
+            while True:
+                for task in waiting:
+                    running[remote.remote(task)] = task
+                    if len(running) >= workers:
+                        break
+                if not running:
+                    return
+                done, _ = ray.wait(list(running), num_returns=1, timeout=STALL_SECONDS)
+                if not done:
+                    raise TimeoutError(
+                        f"{where} made no shard in {STALL_SECONDS:g} s ({len(running)} running): "
+                        "is the cluster alive? Run the command again to go on"
+                    )
+                for reference in done:
+                    yield running.pop(reference), _result(ray, reference, where)
+        finally:
+            for reference in running:
+                with contextlib.suppress(Exception):  # a dead cluster cannot cancel either
+                    ray.cancel(reference, force=True)
 
-        def encode(self, texts: list[str], eos: int | None) -> tuple[np.ndarray, np.ndarray]:
-            return encode_batch(texts, eos)
+    return run
 
-    remote: Any = EncodeWorker  # ray.remote made it an actor class (with .remote)
-    actors = [remote.remote(spec) for _ in range(workers)]
-    stack.callback(lambda: [ray.kill(actor) for actor in actors])
-    turn = itertools.count()
 
-    def submit(texts: list[str]) -> Callable[[], Any]:
-        reference = actors[next(turn) % workers].encode.remote(texts, eos)
-        return lambda: ray.get(reference)
+def _result(ray: Any, reference: Any, where: str) -> dict[str, Any]:
+    """A finished task's entry; its own error as it was raised (a bad input line is the same
+    ValueError under every engine), Ray's failures as a ConnectionError naming the cluster."""
+    try:
+        entry: dict[str, Any] = ray.get(reference, timeout=STALL_SECONDS)
+        return entry
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, Exception):
+            raise exc.cause from None
+        raise
+    except ray.exceptions.RayError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConnectionError(f"{where}: {first}") from exc
 
-    return submit
+
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    """Only errors from the logger ``logger_name`` while the block runs."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _check_reachable(address: str) -> None:

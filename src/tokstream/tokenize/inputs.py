@@ -12,15 +12,12 @@ import gzip
 import json
 import os
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from tokstream import files
 from tokstream.formats import arrow
-
-#: Parquet rows read at a time.
-PARQUET_BATCH_ROWS = 1000
 
 
 def expand_inputs(inputs: Sequence[str | os.PathLike]) -> list[Path]:
@@ -46,43 +43,96 @@ def input_kind(path: Path) -> str:
     return "text"
 
 
-def read_documents(
-    path: Path, text_field: str, document_per_file: bool
-) -> Iterator[tuple[str, int]]:
-    """The documents of one input, each with the bytes of the file read so far."""
+def splittable(path: Path, document_per_file: bool) -> bool:
+    """Whether ``path`` can be read from any byte: an uncompressed file of a document per line."""
+    return (
+        input_kind(path) != "parquet"
+        and path.suffix.lower() != ".gz"
+        and not (document_per_file and input_kind(path) == "text")
+    )
+
+
+def parquet_rows(path: Path, text_field: str) -> int:
+    """The rows of a Parquet input, its text column checked (its footer is all that is read)."""
+    return _parquet_file(path, text_field).metadata.num_rows
+
+
+def read_span(
+    path: Path, start: int, end: int, text_field: str, document_per_file: bool
+) -> Iterator[str]:
+    """The documents of one input that begin in ``[start, end)``.
+
+    For a splittable file (:func:`splittable`) these are byte offsets, and a document (a line)
+    belongs to the span its first byte is in, so spans that tile a file read each line once;
+    for Parquet they are rows; any other file is read whole (``start`` 0).
+    """
     kind = input_kind(path)
     if kind == "parquet":
-        yield from _parquet_documents(path, text_field)
-        return
-    try:
-        yield from _text_documents(path, kind, text_field, document_per_file)
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        # gzip reports a truncated stream as EOFError and a corrupt one as zlib.error or
-        # BadGzipFile (an OSError): none of them names the file.
-        raise ValueError(f"input {path}: truncated or corrupt gzip data: {exc}") from None
+        yield from _parquet_documents(path, text_field, start, end)
+    elif splittable(path, document_per_file):
+        yield from _line_documents(path, kind, text_field, start, end)
+    else:
+        try:
+            yield from _whole_file_documents(path, kind, text_field, document_per_file)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            # gzip reports a truncated stream as EOFError and a corrupt one as zlib.error or
+            # BadGzipFile (an OSError): none of them names the file.
+            raise ValueError(f"input {path}: truncated or corrupt gzip data: {exc}") from None
 
 
-def _text_documents(
+def _line_documents(path: Path, kind: str, text_field: str, start: int, end: int) -> Iterator[str]:
+    with open(path, "rb") as f:
+        position = 0
+        if start > 0:
+            # The line holding byte start - 1 began in an earlier span (or ends right there).
+            f.seek(start - 1)
+            position = start - 1 + len(f.readline())
+        while position < end:
+            line = f.readline()
+            if not line:
+                return
+            text = _document(
+                line, path, kind, text_field, lambda at=position: _line_number(path, at)
+            )
+            position += len(line)
+            if text:
+                yield text
+
+
+def _line_number(path: Path, offset: int) -> int:
+    """The number of the line starting at byte ``offset``: counted only for an error message."""
+    with open(path, "rb") as f:
+        return f.read(offset).count(b"\n") + 1
+
+
+def _whole_file_documents(
     path: Path, kind: str, text_field: str, document_per_file: bool
-) -> Iterator[tuple[str, int]]:
+) -> Iterator[str]:
     with open(path, "rb") as raw:
-        compressed = path.suffix.lower() == ".gz"
-        f: IO[bytes] = gzip.GzipFile(fileobj=raw) if compressed else raw
+        f: IO[bytes] = gzip.GzipFile(fileobj=raw) if path.suffix.lower() == ".gz" else raw
         with f:
             if kind == "text" and document_per_file:
                 text = _decode(f.read(), path, 1)
                 if text:
-                    yield text, raw.tell()
+                    yield text
                 return
-            done = 0
             for number, line in enumerate(f, start=1):
-                # The bytes of the file read so far: a .gz file's compressed bytes.
-                done = raw.tell() if compressed else done + len(line)
-                text = _decode(line, path, number).rstrip("\r\n")
-                if kind == "jsonl":  # a blank line holds no record
-                    text = _json_text(text, path, number, text_field) if text.strip() else ""
+                text = _document(line, path, kind, text_field, lambda n=number: n)
                 if text:
-                    yield text, done
+                    yield text
+
+
+def _document(
+    line: bytes, path: Path, kind: str, text_field: str, number: Callable[[], int]
+) -> str:
+    """The document of one line ("" for none); ``number`` gives its line number for errors."""
+    try:
+        text = line.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"input {path}, line {number()}: not UTF-8 text: {exc}") from None
+    if kind == "jsonl" and text.strip():  # a blank line holds no record
+        return _json_text(text, path, number, text_field)
+    return "" if kind == "jsonl" else text
 
 
 def _decode(data: bytes, path: Path, line: int) -> str:
@@ -92,22 +142,22 @@ def _decode(data: bytes, path: Path, line: int) -> str:
         raise ValueError(f"input {path}, line {line}: not UTF-8 text: {exc}") from None
 
 
-def _json_text(line: str, path: Path, number: int, field: str) -> str:
+def _json_text(line: str, path: Path, number: Callable[[], int], field: str) -> str:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"input {path}, line {number}: not JSON: {exc}") from None
+        raise ValueError(f"input {path}, line {number()}: not JSON: {exc}") from None
     if not isinstance(record, dict) or field not in record:
-        raise ValueError(f"input {path}, line {number}: no {field!r} field (--text-field)")
+        raise ValueError(f"input {path}, line {number()}: no {field!r} field (--text-field)")
     if not isinstance(record[field], str):
         raise ValueError(
-            f"input {path}, line {number}: field {field!r} is "
+            f"input {path}, line {number()}: field {field!r} is "
             f"{type(record[field]).__name__}, not text"
         )
     return record[field]
 
 
-def _parquet_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
+def _parquet_file(path: Path, field: str) -> Any:
     pa = arrow.require()
     import pyarrow.parquet as pq
 
@@ -124,14 +174,19 @@ def _parquet_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
     kind = schema.field(field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise ValueError(f"input {path}: column {field!r} is {kind}, not text")
-    rows = max(table_file.metadata.num_rows, 1)
-    size = path.stat().st_size
-    done = 0
-    for batch in table_file.iter_batches(columns=[field], batch_size=PARQUET_BATCH_ROWS):
-        column = batch.column(0)
-        if column.null_count:
-            raise ValueError(f"input {path}: column {field!r} has null rows")
-        for text in column.to_pylist():
-            done += 1
-            if text:
-                yield text, size * done // rows
+    return table_file
+
+
+def _parquet_documents(path: Path, field: str, start: int, end: int) -> Iterator[str]:
+    table_file = _parquet_file(path, field)
+    metadata = table_file.metadata
+    first = 0
+    for group in range(metadata.num_row_groups):
+        rows = metadata.row_group(group).num_rows
+        if first < end and start < first + rows:
+            column = table_file.read_row_group(group, columns=[field]).column(0)
+            column = column.slice(max(start - first, 0), min(end, first + rows) - max(start, first))
+            if column.null_count:
+                raise ValueError(f"input {path}: column {field!r} has null rows")
+            yield from (text for text in column.to_pylist() if text)
+        first += rows

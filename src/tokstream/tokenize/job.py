@@ -1,28 +1,26 @@
-"""The tokenize job: inputs in order, encoded in batches, written as shards with a manifest."""
+"""The tokenize job: the inputs cut into ranges, each made into a shard by an engine's task."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tokstream import _validate, files
 from tokstream.formats.writer import STREAMED
-from tokstream.tokenize import engines
+from tokstream.tokenize import engines, task
 from tokstream.tokenize.encoders import Encoder
-from tokstream.tokenize.inputs import expand_inputs, read_documents
+from tokstream.tokenize.inputs import expand_inputs
 from tokstream.tokenize.output import Output
 from tokstream.tokenize.progress import Meter
 
 FORMATS = STREAMED
 DEFAULT_EOS = "<|endoftext|>"
-DEFAULT_SHARD_TOKENS = 100_000_000
-#: Documents sent to a worker at a time, and at most this many characters of them.
-BATCH_DOCUMENTS = 1000
-BATCH_CHARS = 4 << 20
+#: Input bytes made into one shard (about 16 million tokens of English for a GPT-2-size BPE).
+DEFAULT_SHARD_BYTES = 64_000_000
 
 #: Called with a one-line status, and whether it is a milestone: a terminal may show every
 #: status, a log only the milestones (a shard written, or a periodic line).
@@ -62,7 +60,7 @@ def tokenize_files(
     *,
     eos: int | str | None = DEFAULT_EOS,
     format: str = "npy",
-    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
     workers: int = 1,
     text_field: str = "text",
     document_per_file: bool = False,
@@ -86,11 +84,12 @@ def tokenize_files(
     format
         The shards' format: ``"npy"``, ``"bin"`` (raw; the manifest records the dtype),
         ``"llmc"`` or ``"megatron"``.
-    shard_tokens
-        The most tokens in one shard; a document is never split, so a longer one is a shard of
-        its own.
+    shard_bytes
+        The input bytes made into one shard: the inputs are cut, in order, into ranges of about
+        this size (a document is never split, and a ``.gz`` file or a document per file is never
+        cut), each range a shard and each shard a task a worker runs.
     workers
-        Processes that encode (1: in this process). The output does not depend on it.
+        Tasks run at a time (1: in this process). The output does not depend on it.
     text_field
         The JSON field or Parquet column holding the text.
     document_per_file
@@ -102,15 +101,15 @@ def tokenize_files(
         Replace the output of another tokenization in ``output`` (only a tokenize output: a
         directory holding other files is refused all the same).
     engine
-        Where batches are encoded: ``"local"`` (this process, or ``workers`` spawned
-        processes) or ``"ray"`` (``workers`` Ray actors); see :mod:`tokstream.tokenize.engines`.
+        Where tasks run: ``"local"`` (this process, or ``workers`` spawned processes) or
+        ``"ray"`` (Ray tasks, ``workers`` at a time); see :mod:`tokstream.tokenize.engines`.
         The output does not depend on it.
     ray_address
         The Ray cluster to run on (``engine="ray"``); None starts a local Ray for the job.
     progress
-        Called after each batch with a one-line status (share of the input, documents, tokens,
-        shards, rate, ETA) and whether it is a milestone: one at least every
-        :data:`tokstream.tokenize.progress.LOG_SECONDS` and one per shard written.
+        Called with a one-line status (share of the input, documents, tokens, shards, rate,
+        ETA) and whether it is a milestone (every call is one): at the start and after each
+        shard made.
 
     Raises
     ------
@@ -123,7 +122,7 @@ def tokenize_files(
         ``tokenizers``, ``tiktoken``, ``pyarrow`` (for Parquet) or ``ray`` missing where needed.
     """
     _validate.choice(format, "format", FORMATS)
-    shard_tokens = _validate.positive_int(shard_tokens, "shard_tokens")
+    shard_bytes = _validate.positive_int(shard_bytes, "shard_bytes")
     workers = _validate.positive_int(workers, "workers")
     if not isinstance(overwrite, bool):
         raise TypeError(f"overwrite must be a bool, got {type(overwrite).__name__}")
@@ -144,43 +143,61 @@ def tokenize_files(
         "eos": eos_id,
         "format": format,
         "dtype": dtype.name,
-        "shard_tokens": shard_tokens,
+        "shard_bytes": shard_bytes,
         "text_field": text_field,
         "document_per_file": document_per_file,
     }
+    ranges = task.plan(paths, shard_bytes, text_field, document_per_file)
+    todo = [
+        task.Task(
+            index=index,
+            spans=tuple((i, a, b) for i, a, b in spans),
+            size=size,
+            paths=tuple(job["inputs"][i]["path"] for i in range(len(paths))),
+            directory=os.fspath(output.resolve()),
+            tokenizer=tokenizer,
+            eos=eos_id,
+            format=format,
+            dtype=dtype.name,
+            text_field=text_field,
+            document_per_file=document_per_file,
+        )
+        for index, (spans, size) in enumerate(ranges)
+    ]
+    claimed: list[Output] = []
     with contextlib.ExitStack() as stack:
-        # The engine first: one that cannot start leaves the output untouched.
-        encode = engines.start(stack, engine, tokenizer, encoder, workers, eos_id, ray_address)
+        # Registered first, so released last: after the engine has stopped every task.
+        stack.callback(lambda: [out.release() for out in claimed])
+        # The engine before the output: one that cannot start leaves the output untouched.
+        runner = engines.start(stack, engine, encoder, workers, ray_address)
         out = Output.claim(output, job, overwrite)
-        stack.callback(out.release)
+        claimed.append(out)
         if not out.complete:
-            _run(out, paths, encode, shard_tokens, job, progress)
+            _run(out, todo, runner, progress)
         return _result(out)
 
 
 def _run(
-    out: Output,
-    paths: list[Path],
-    encode: Callable[[engines.Batches], engines.Encoded],
-    shard_tokens: int,
-    job: dict[str, Any],
-    progress: Progress | None,
+    out: Output, todo: list[task.Task], runner: engines.Runner, progress: Progress | None
 ) -> None:
-    sizes = [p.stat().st_size for p in paths]
-    before = [sum(sizes[:i]) for i in range(len(paths))]
-    meter = Meter(progress, sum(sizes))
+    if any(index >= len(todo) for index in out.finished):
+        raise ValueError(
+            f"output {out.directory}: it records shards its job does not have; rerun with "
+            "--overwrite to start over"
+        )
+    meter = Meter(progress, sum(t.size for t in todo))
+    done = sum(todo[index].size for index in out.finished)
+    documents = sum(entry["documents"] for entry in out.finished.values())
+    tokens = sum(entry["tokens"] for entry in out.finished.values())
+    meter.update(done, documents, tokens, len(out.finished), True)
     try:
-        batches = _batches(paths, job["text_field"], job["document_per_file"], out.position)
-        end = out.position
-        for (flat, lengths), end, read in encode(batches):
-            shards_before = len(out.manifest["shards"])
-            out.add(flat, lengths, end, shard_tokens)
-            out.checkpoint(end)
-            shards = len(out.manifest["shards"])
-            meter.update(
-                before[end[0]] + read, out.documents, out.tokens, shards, shards > shards_before
-            )
-        out.finish(end)
+        for made, entry in runner([t for t in todo if t.index not in out.finished]):
+            out.record(made.index, entry)
+            done += made.size
+            documents += entry["documents"]
+            tokens += entry["tokens"]
+            meter.update(done, documents, tokens, len(out.finished), True)
+        out.finish(len(todo))
     except Exception as error:
         out.fail(error)
         raise
@@ -202,34 +219,3 @@ def _result(out: Output) -> Result:
         dtype=out.manifest["dtype"],
         format=out.manifest["format"],
     )
-
-
-def _batches(
-    paths: list[Path], field: str, per_file: bool, resume: list[int]
-) -> Iterator[tuple[list[str], list[int], int]]:
-    """Batches of document texts from ``resume`` on: (texts, position after them, bytes read).
-
-    A position is ``[input index, document index in that input]``.
-    """
-    texts: list[str] = []
-    chars = 0
-    for index in range(resume[0], len(paths)):
-        skip = resume[1] if index == resume[0] else 0
-        number = 0
-        read = 0
-        for number, (text, read) in enumerate(read_documents(paths[index], field, per_file), 1):
-            if number <= skip:
-                continue
-            texts.append(text)
-            chars += len(text)
-            if len(texts) >= BATCH_DOCUMENTS or chars >= BATCH_CHARS:
-                yield texts, [index, number], read
-                texts, chars = [], 0
-        if number < skip:
-            raise ValueError(
-                f"input {paths[index]} now holds {number} documents, the interrupted run had "
-                f"written {skip} of them"
-            )
-        if texts:
-            yield texts, [index, number], read
-            texts, chars = [], 0

@@ -1,4 +1,4 @@
-"""The directory a tokenize job writes: claimed, locked, and kept resumable document by document.
+"""The directory a tokenize job writes: claimed, locked, and resumable shard by shard.
 
 A directory becomes the job's only when it is known to be a tokenize output or empty; until
 then nothing in it is touched (no temporary file removed, no lock file made). The job then
@@ -6,36 +6,30 @@ holds an exclusive lock on ``DIR/.tokstream.lock`` for as long as it runs, so a 
 the same directory is refused. The lock is the operating system's (``flock``), released when
 the process ends however it ends, so the file a killed run leaves behind blocks nobody.
 
-The shard being filled lives in two hidden files (its tokens and its documents' lengths,
-appended batch by batch); after each batch the manifest records how far they are valid and
-which input position follows. A rerun after a kill truncates them to that record and goes on
-from there, so at most one batch is encoded twice, and the finished shards are byte for byte
-those of an uninterrupted run: a shard is made from these files only once it is full.
+Shards are made in any order (:mod:`tokstream.tokenize.task`); each one finished is recorded
+by a line appended to ``DIR/.partial.shards`` (its index and manifest entry), so recording is
+O(1) however many shards there are. A rerun after a kill keeps every shard recorded there and
+makes only the others; the last line, if the kill cut it, is dropped. When every shard is
+made, the manifest lists them in order and is marked complete, and the record is removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from tokstream import files
 from tokstream.formats import tokenized
-from tokstream.formats.writer import TokenFileWriter
 
 LOCK = ".tokstream.lock"
-PARTIAL_TOKENS = ".partial.tokens"
-PARTIAL_LENGTHS = ".partial.lengths"
-#: The files a tokenize job writes (shards, document offsets, Megatron's pair, partial data).
+FINISHED = ".partial.shards"
+#: The files a tokenize job writes (shards, document offsets, Megatron's pair, its record).
 OWN_FILE = re.compile(r"shard_\d{6,}(\.npy|\.bin|\.idx|\.documents\.npy)?|\.partial\.\w+")
 #: The temporary files its writers leave when killed (formats._common.atomic_writer's names).
 OWN_TEMPORARY = re.compile(r"\.(shard_\d{6,}\S*|tokstream\.json)\.[0-9a-f]+\.tmp")
-#: Tokens copied from the partial file into a shard at a time.
-COPY_TOKENS = 1 << 24
 
 
 class Lock:
@@ -99,39 +93,30 @@ def _remove_own_files(directory: Path, pattern: re.Pattern[str]) -> None:
 
 
 class Output:
-    """A claimed output directory: its lock, its manifest and the shard being filled.
+    """A claimed output directory: its lock, its manifest and the shards already made.
 
-    :meth:`claim` makes one; :meth:`add` appends documents, :meth:`checkpoint` records them
-    (and the input position after them) as done, :meth:`finish` closes the last shard and
-    marks the directory complete. ``position`` is where the inputs are to be read from.
+    :meth:`claim` makes one; :meth:`record` notes a shard as made, :meth:`finish` writes the
+    complete manifest. ``finished`` maps each shard made (by this or an earlier run) to its
+    manifest entry.
     """
 
     def __init__(self, directory: Path, manifest: dict[str, Any], lock: Lock) -> None:
         self.directory = directory
         self.manifest = manifest
         self.lock = lock
-        self.format = manifest["format"]
-        self.dtype = np.dtype(manifest["dtype"])
         self.complete = manifest.get("complete") is True
-        shards = manifest["shards"]
-        partial = manifest.get("partial") or {"tokens": 0, "documents": 0, "next": None}
-        if not all(_is_record(record) for record in (*shards, partial)) or (
-            partial["next"] is None and partial["documents"]
-        ):
-            raise ValueError(
-                f"output {directory}: its manifest {tokenized.MANIFEST} is damaged; rerun with "
-                "--overwrite to start over"
-            )
-        self.position: list[int] = partial["next"] or (shards[-1]["next"] if shards else [0, 0])
-        self.shard_tokens = partial["tokens"]
-        self.shard_documents = partial["documents"]
-        self.resumed_documents = sum(s["documents"] for s in shards) + self.shard_documents
-        self.documents = self.resumed_documents
-        self.tokens = sum(s["tokens"] for s in shards) + self.shard_tokens
-        self._tokens_file = self._lengths_file = None
-        if not self.complete:
-            self._tokens_file = self._open_partial(PARTIAL_TOKENS, self.shard_tokens, self.dtype)
-            self._lengths_file = self._open_partial(PARTIAL_LENGTHS, self.shard_documents, np.int64)
+        self.finished: dict[int, dict[str, Any]] = {}
+        self._record = None
+        if self.complete:
+            if not all(_is_record(entry) for entry in manifest["shards"]):
+                raise ValueError(
+                    f"output {directory}: its manifest {tokenized.MANIFEST} is damaged; rerun "
+                    "with --overwrite to start over"
+                )
+            self.finished = dict(enumerate(manifest["shards"]))
+        else:
+            self._record = self._open_record()
+        self.resumed_documents = sum(entry["documents"] for entry in self.finished.values())
 
     @classmethod
     def claim(cls, directory: Path, job: dict[str, Any], overwrite: bool) -> Output:
@@ -160,98 +145,38 @@ class Output:
             lock.release()
             raise
 
-    def _open_partial(self, name: str, count: int, dtype: Any) -> Any:
-        path = self.directory / name
-        f = open(path, "a+b")
-        valid = count * np.dtype(dtype).itemsize
-        if os.fstat(f.fileno()).st_size < valid:
-            f.close()
-            raise ValueError(
-                f"output {self.directory}: {path} is shorter than its manifest records; the "
-                "directory was changed behind tokstream's back: rerun with --overwrite"
-            )
-        f.truncate(valid)  # what a killed run appended after its last checkpoint
+    def _open_record(self) -> Any:
+        """The record of shards made, read (a line cut by a kill dropped) and open to append."""
+        f = open(self.directory / FINISHED, "a+b")
+        f.seek(0)
+        valid = 0
+        for line in f:
+            try:
+                index, entry = json.loads(line)
+            except ValueError:
+                break  # a kill cut the last line short
+            if not (line.endswith(b"\n") and type(index) is int and _is_record(entry)):
+                break
+            self.finished[index] = entry
+            valid += len(line)
+        f.truncate(valid)
+        f.seek(valid)
         return f
 
-    def add(self, flat: np.ndarray, lengths: np.ndarray, end: list[int], limit: int) -> None:
-        """Append one batch of documents (the last one followed by input position ``end``); a
-        shard closes before a document that would take it past ``limit`` tokens."""
-        if flat.shape[0] and (int(flat.min()) < 0 or int(flat.max()) > np.iinfo(self.dtype).max):
-            raise ValueError(f"the tokenizer produced ids outside {self.dtype}")
-        starts = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=starts[1:])
-        first = 0
-        for i, length in enumerate(lengths.tolist()):
-            pending = self.shard_tokens + int(starts[i] - starts[first])
-            if pending and pending + length > limit:
-                self._append(flat[starts[first] : starts[i]], lengths[first:i])
-                self._close_shard([end[0], end[1] - lengths.shape[0] + i])
-                first = i
-        self._append(flat[starts[first] :], lengths[first:])
+    def record(self, index: int, entry: dict[str, Any]) -> None:
+        """Note shard ``index`` as made, with its manifest entry."""
+        self._record.write(json.dumps([index, entry]).encode("utf-8") + b"\n")
+        self._record.flush()
+        self.finished[index] = entry
 
-    def _append(self, flat: np.ndarray, lengths: np.ndarray) -> None:
-        self._tokens_file.write(np.ascontiguousarray(flat, dtype=self.dtype).tobytes())
-        self._lengths_file.write(np.ascontiguousarray(lengths, dtype=np.int64).tobytes())
-        self.shard_tokens += int(flat.shape[0])
-        self.shard_documents += int(lengths.shape[0])
-        self.documents += int(lengths.shape[0])
-        self.tokens += int(flat.shape[0])
-
-    def checkpoint(self, end: list[int]) -> None:
-        """Record the documents appended so far as done, input position ``end`` next."""
-        self._tokens_file.flush()
-        self._lengths_file.flush()
-        self.manifest["partial"] = {
-            "tokens": self.shard_tokens,
-            "documents": self.shard_documents,
-            "next": end,
-        }
-        tokenized.save(self.directory, self.manifest)
-
-    def _close_shard(self, end: list[int]) -> None:
-        """Write the partial files out as the next shard and empty them."""
-        if self.shard_documents == 0:
-            return
-        index = len(self.manifest["shards"])
-        self._tokens_file.flush()
-        self._lengths_file.flush()
-        lengths = np.fromfile(self.directory / PARTIAL_LENGTHS, dtype=np.int64)
-        offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        path = self.directory / tokenized.shard_file(index, self.format)
-        tokens = np.memmap(self.directory / PARTIAL_TOKENS, dtype=self.dtype, mode="r")
-        try:
-            with TokenFileWriter(path, self.format, self.dtype) as writer:
-                for start in range(0, tokens.shape[0], COPY_TOKENS):
-                    writer.write(tokens[start : start + COPY_TOKENS])
-                writer.document_offsets = offsets
-        finally:
-            del tokens
-        if self.format != "megatron":
-            files.write_tokens(
-                self.directory / tokenized.documents_file(index),
-                offsets,
-                format="npy",
-                dtype=np.int64,
-            )
-        self.manifest["shards"].append(
-            {"tokens": self.shard_tokens, "documents": self.shard_documents, "next": end}
-        )
-        self.manifest["partial"] = None
-        tokenized.save(self.directory, self.manifest)
-        self._tokens_file.truncate(0)
-        self._lengths_file.truncate(0)
-        self.shard_tokens = self.shard_documents = 0
-
-    def finish(self, end: list[int]) -> None:
-        """Close the last shard and mark the directory complete (its partial files removed)."""
-        self._close_shard(end)
-        self.manifest.pop("partial", None)
+    def finish(self, shards: int) -> None:
+        """List the ``shards`` shards in order in the manifest and mark the directory complete."""
+        self.manifest["shards"] = [self.finished[index] for index in range(shards)]
         self.manifest["complete"] = True
         tokenized.save(self.directory, self.manifest)
-        self._close_partial_files()
-        for name in (PARTIAL_TOKENS, PARTIAL_LENGTHS):
-            (self.directory / name).unlink(missing_ok=True)
+        self.complete = True
+        self._close_record()
+        (self.directory / FINISHED).unlink(missing_ok=True)
 
     def fail(self, error: BaseException) -> None:
         """Record that the run stopped on ``error``, so that a changed rerun may start over."""
@@ -259,29 +184,20 @@ class Output:
         with contextlib.suppress(OSError):  # the error being raised is the one to report
             tokenized.save(self.directory, self.manifest)
 
-    def _close_partial_files(self) -> None:
-        for f in (self._tokens_file, self._lengths_file):
-            if f is not None:
-                f.close()
+    def _close_record(self) -> None:
+        if self._record is not None:
+            self._record.close()
+            self._record = None
 
     def release(self) -> None:
-        self._close_partial_files()
+        self._close_record()
         self.lock.release()
 
 
 def _is_record(record: Any) -> bool:
-    """A shard's or the partial shard's entry: counts and the input position after it."""
-    if not isinstance(record, dict):
-        return False
-    counts = [record.get("tokens"), record.get("documents")]
-    position = record.get("next")
-    return all(type(n) is int and n >= 0 for n in counts) and (
-        position is None
-        or (
-            isinstance(position, list)
-            and len(position) == 2
-            and all(type(n) is int and n >= 0 for n in position)
-        )
+    """A shard's manifest entry: its token and document counts."""
+    return isinstance(record, dict) and all(
+        type(record.get(key)) is int and record[key] >= 0 for key in ("tokens", "documents")
     )
 
 
@@ -303,8 +219,9 @@ def _continues(manifest: dict[str, Any], job: dict[str, Any], overwrite: bool, w
         return False
     if manifest.get("job") == job:
         return True
-    partial = manifest.get("partial") or {}
-    if manifest.get("failed") or not (manifest["shards"] or partial.get("documents")):
+    record = where / FINISHED
+    made = bool(manifest["shards"]) or (record.is_file() and record.stat().st_size > 0)
+    if manifest.get("failed") or not made:
         return False  # a run that failed, or wrote nothing, is replaced
     changed = sorted(k for k in job if (manifest.get("job") or {}).get(k) != job[k])
     raise ValueError(

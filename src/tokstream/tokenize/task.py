@@ -1,0 +1,181 @@
+"""The unit of a tokenize job: a range of the inputs in, one shard with its documents out.
+
+:func:`plan` cuts the inputs, in order, into ranges of about ``shard_bytes`` input bytes from
+their sizes alone (and a Parquet file's row count): an uncompressed file of a document per
+line is cut at any byte (a line belongs to the range its first byte is in), a Parquet file at
+any row, and any other file (``.gz``, a document per file) is never cut. Each range becomes
+one shard: :func:`run` reads the range's documents, encodes them, writes the shard and its
+document offsets under their final names (each put in place whole), and returns the shard's
+manifest entry. It depends on nothing but its :class:`Task`, so every engine, worker and node
+makes the same bytes for the same range, in any order, and a range whose shard was recorded
+never needs to be made again.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokstream import files
+from tokstream.formats import tokenized
+from tokstream.formats.writer import TokenFileWriter
+from tokstream.tokenize.encoders import Encoder
+from tokstream.tokenize.inputs import input_kind, parquet_rows, read_span, splittable
+
+#: Documents encoded at a time, and at most this many characters of them.
+BATCH_DOCUMENTS = 1000
+BATCH_CHARS = 4 << 20
+
+#: A span of one input: [input index, start, end], bytes (or Parquet rows) from start to end.
+Span = list[int]
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything one shard depends on; small, picklable, the same on every node."""
+
+    index: int
+    spans: tuple[tuple[int, int, int], ...]
+    #: The input bytes the range covers (for progress only).
+    size: int
+    paths: tuple[str, ...]
+    directory: str
+    tokenizer: str
+    eos: int | None
+    format: str
+    dtype: str
+    text_field: str
+    document_per_file: bool
+
+
+def plan(
+    paths: list[Path], shard_bytes: int, text_field: str, document_per_file: bool
+) -> list[tuple[list[Span], int]]:
+    """The ranges of ``paths``, in input order: each a list of spans and its size in bytes.
+
+    A range closes once it holds ``shard_bytes``; a file that is never cut starts a range of
+    its own when it does not fit in the current one. Empty files hold no span.
+    """
+    ranges: list[tuple[list[Span], int]] = []
+    spans: list[Span] = []
+    size = 0
+
+    def close() -> None:
+        nonlocal spans, size
+        if spans:
+            ranges.append((spans, size))
+        spans, size = [], 0
+
+    for index, path in enumerate(paths):
+        file_bytes = path.stat().st_size
+        rows = parquet_rows(path, text_field) if input_kind(path) == "parquet" else None
+        if rows is None and not splittable(path, document_per_file):
+            if spans and size + file_bytes > shard_bytes:
+                close()
+            if file_bytes:
+                spans.append([index, 0, file_bytes])
+                size += file_bytes
+            if size >= shard_bytes:
+                close()
+            continue
+        # Bytes, or rows each weighed file_bytes / rows.
+        units = file_bytes if rows is None else rows
+        start = 0
+        while start < units:
+            room = shard_bytes - size
+            take = room if rows is None else max(room * rows // max(file_bytes, 1), 1)
+            end = min(start + take, units)
+            spans.append([index, start, end])
+            size += end - start if rows is None else (end - start) * file_bytes // rows
+            start = end
+            if size >= shard_bytes or end < units:
+                close()
+    close()
+    return ranges
+
+
+def run(task: Task, encoder: Encoder | None = None) -> dict[str, Any]:
+    """Make the shard of ``task``'s range; its manifest entry.
+
+    ``encoder`` is the task's tokenizer already loaded in this process; without it a worker
+    loads it once and keeps it for its next tasks.
+
+    The shard and its ``.documents.npy`` are each written under a temporary name and renamed
+    into place, so a killed run leaves either nothing or a whole file (written again, the same,
+    when its range is run again).
+    """
+    encoder = encoder or _encoder(task.tokenizer)
+    directory = Path(task.directory)
+    dtype = np.dtype(task.dtype)
+    largest = np.iinfo(dtype).max
+    lengths: list[np.ndarray] = []
+    path = directory / tokenized.shard_file(task.index, task.format)
+    with TokenFileWriter(path, task.format, dtype) as writer:
+        for texts in batches(task):
+            flat, batch_lengths = encode(encoder, texts, task.eos)
+            if flat.shape[0] and (int(flat.min()) < 0 or int(flat.max()) > largest):
+                raise ValueError(f"the tokenizer produced ids outside {dtype}")
+            writer.write(flat)
+            lengths.append(batch_lengths)
+        offsets = np.zeros(sum(len(x) for x in lengths) + 1, dtype=np.int64)
+        if lengths:
+            np.cumsum(np.concatenate(lengths), out=offsets[1:])
+        writer.document_offsets = offsets
+    if task.format != "megatron":
+        files.write_tokens(
+            directory / tokenized.documents_file(task.index), offsets, format="npy", dtype=np.int64
+        )
+    return {
+        "tokens": int(offsets[-1]),
+        "documents": int(offsets.shape[0] - 1),
+        "input": [list(span) for span in task.spans],
+    }
+
+
+def batches(task: Task) -> Any:
+    """The range's document texts in batches of :data:`BATCH_DOCUMENTS` or :data:`BATCH_CHARS`."""
+    texts: list[str] = []
+    chars = 0
+    for index, start, end in task.spans:
+        path = Path(task.paths[index])
+        for text in read_span(path, start, end, task.text_field, task.document_per_file):
+            texts.append(text)
+            chars += len(text)
+            if len(texts) >= BATCH_DOCUMENTS or chars >= BATCH_CHARS:
+                yield texts
+                texts, chars = [], 0
+    if texts:
+        yield texts
+
+
+def encode(encoder: Encoder, texts: list[str], eos: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """All ids of ``texts`` back to back (each followed by ``eos``) and each document's length."""
+    return pack(encoder.encode(texts), eos)
+
+
+def pack(encoded: list[list[int]], eos: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The documents' ids back to back (each followed by ``eos``) and each one's length."""
+    flat: list[int] = []
+    lengths = np.empty(len(encoded), dtype=np.int64)
+    for i, ids in enumerate(encoded):
+        flat += ids
+        if eos is not None:
+            flat.append(eos)
+        lengths[i] = len(ids) + (eos is not None)
+    return np.array(flat, dtype=np.int64), lengths
+
+
+_encoders: dict[str, Encoder] = {}
+
+
+def _encoder(spec: str) -> Encoder:
+    """The tokenizer ``spec`` loaded once per process (an engine's worker runs many tasks)."""
+    if spec not in _encoders:
+        # One process per core already: the tokenizer's own thread pool would oversubscribe.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        _encoders[spec] = Encoder(spec)
+    return _encoders[spec]
