@@ -67,10 +67,11 @@ def run(*argv: str) -> tuple[int, str, str]:
 # one per shard made) it says "holding" and waits, up to 600 s or until SIGUSR1 (so that the
 # test can try a second run, kill it, or kill its cluster, while it holds the directory); it
 # prints "go" once imported (and connected to the Ray at ``address``), so a kill lands in the
-# job, not in the imports. ``engine`` and ``address`` choose where its shards are made; the
-# environment's STALL, Ray's stall limit.
+# job, not in the imports; each progress message goes to stderr with the seconds since "go".
+# ``engine`` and ``address`` choose where its shards are made; the environment's STALL, Ray's
+# stall limit.
 CHILD = """
-import os, signal, sys, threading
+import os, signal, sys, threading, time
 from tokstream.tokenize import engines, tokenize_files
 engines.STALL_SECONDS = float(os.environ.get("STALL", engines.STALL_SECONDS))
 hold_after = int(sys.argv[4])
@@ -79,6 +80,7 @@ resume = threading.Event()
 signal.signal(signal.SIGUSR1, lambda *_: resume.set())
 def progress(message, milestone):
     calls.append(message)
+    print(f"{time.perf_counter() - began:.3f}", message, file=sys.stderr, flush=True)
     if len(calls) == hold_after:
         print("holding", flush=True)
         resume.wait(600)
@@ -86,6 +88,7 @@ if sys.argv[5] == "ray" and sys.argv[6]:  # connected before "go": kills land in
     import ray
     ray.init(address=sys.argv[6], log_to_driver=False, configure_logging=False)
 print("go", flush=True)
+began = time.perf_counter()
 tokenize_files(sys.argv[3].split(","), sys.argv[1], sys.argv[2], shard_bytes=10000,
                engine=sys.argv[5], ray_address=sys.argv[6] or None, workers=int(sys.argv[7]),
                progress=progress)
@@ -94,7 +97,7 @@ print("done", flush=True)
 
 
 def start_child(
-    tokenizer_file, out, inputs, hold_after=0, engine="local", address="", workers=1, stall=None
+    tokenizer_file, out, inputs, engine="local", address="", workers=1, hold_after=0, stall=None
 ) -> subprocess.Popen:
     argv = [str(tokenizer_file), str(out), ",".join(inputs), str(hold_after), engine, address]
     argv.append(str(workers))
@@ -214,33 +217,37 @@ def killed_and_finished(tmp_path, tokenizer_file, inputs, trials, engine, addres
     want = hashes(clean)
     assert len([name for name in want if name.endswith(".documents.npy")]) > 10
     rng = random.Random(1234)
-    # How long the job takes once imported, so that the kills land anywhere inside it.
-    child = start_child(
-        tokenizer_file, tmp_path / "timed", inputs, engine=engine, address=address, workers=2
-    )
-    wait_for(child, "go")
-    began = time.perf_counter()
-    assert child.wait(timeout=300) == 0, child.stderr.read()
-    child.stdout.close()
-    child.stderr.close()
-    duration = time.perf_counter() - began
+    # When a job makes its first shard and when it ends, timed after "go" (start-up, Ray's
+    # worker processes included), for each number of workers: half the kills land anywhere
+    # in the job, half while it makes shards.
+    timings = {}
+    for workers in (1, 2):
+        child = start_child(
+            tokenizer_file, tmp_path / f"timed_{workers}", inputs, engine, address, workers
+        )
+        wait_for(child, "go")
+        assert child.wait(timeout=300) == 0, child.stderr.read()
+        lines = child.stderr.read().splitlines()
+        child.stdout.close()
+        child.stderr.close()
+        seconds = [float(line.split()[0]) for line in lines if "shards written" in line]
+        timings[workers] = (seconds[1], seconds[-1])
     resumed = 0
     for trial in range(trials):
         out = tmp_path / f"trial_{trial}"
         workers = 1 + trial % 2
-        for _ in range(rng.randint(1, 2)):
-            child = start_child(
-                tokenizer_file, out, inputs, engine=engine, address=address, workers=workers
-            )
+        first, last = timings[workers]
+        for kill in range(rng.randint(1, 2)):
+            child = start_child(tokenizer_file, out, inputs, engine, address, workers)
             wait_for(child, "go")
-            time.sleep(rng.uniform(0, duration))
+            time.sleep(rng.uniform(first if (trial + kill) % 2 else 0, last))
             child.send_signal(signal.SIGKILL)
             child.wait()
             child.stdout.close()
             child.stderr.close()
         made = len(list(out.glob("shard_*.documents.npy"))) if out.is_dir() else 0
         if engine == "ray" and trial % 2:  # finished on the same cluster
-            child = start_child(tokenizer_file, out, inputs, engine=engine, address=address)
+            child = start_child(tokenizer_file, out, inputs, engine, address, workers)
             assert child.wait(timeout=300) == 0, child.stderr.read()
             child.stdout.close()
             child.stderr.close()

@@ -1,8 +1,9 @@
 """The directory ``tokstream tokenize`` writes: token shards, their documents and a manifest.
 
 ``DIR/tokstream.json`` lists the shards in order with their format, dtype, token and document
-counts, and the job that made them; it is rewritten (atomically) after each shard, so a run
-that stops leaves a directory whose finished shards a re-run keeps. Megatron shards hold their
+counts, and the job that made them; it is complete once every shard is made (the shards of a
+run that stopped are recorded beside it, see :mod:`tokstream.tokenize.output`, and a rerun keeps
+them). Entries may hold more (the input range a shard was made from). Megatron shards hold their
 documents in their index; the other formats get a ``.documents.npy`` beside each shard: the
 int64 document offsets, from 0 to the shard's token count.
 """
