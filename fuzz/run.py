@@ -33,7 +33,7 @@ from fuzz.checks import (
     check_state_edit,
     check_token_file,
 )
-from fuzz.runs import check_mixture_reshaped_resume
+from fuzz.runs import check_mixture_reshaped_resume, check_split
 from fuzz.strategies import (
     call_kwargs,
     document_calls,
@@ -43,6 +43,7 @@ from fuzz.strategies import (
     reshaped_runs,
     resumable_calls,
     resumable_mixture_calls,
+    split_calls,
     state_edits,
     token_files,
     token_inputs,
@@ -138,6 +139,11 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
     def staged_mixtures(run):
         tally.add(guarded(check_mixture_reshaped_resume, *run))
 
+    @common
+    @given(call=split_calls())
+    def splits(call):
+        tally.add(guarded(check_split, *call))
+
     stop = time.monotonic() + seconds
     try:
         for round_number in itertools.count():
@@ -151,6 +157,7 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
                 mixtures,
                 mixture_states,
                 staged_mixtures,
+                splits,
             )
             for test in tests:
                 (test if seed is None else hypothesis.seed(seed + round_number)(test))()

@@ -1,21 +1,37 @@
-"""Checks of runs that change: a staged mixture resumed into new shapes and new schedules, and
-seeks. Each compares the union of every rank's rows with the model's global sample sequence
-(:func:`fuzz.model.model_mixture_batches`)."""
+"""Checks of runs that change: a staged mixture resumed into new shapes and new schedules, seeks,
+and splits. Each compares every rank's rows with the model's
+(:func:`fuzz.model.model_mixture_batches`; :func:`fuzz.model.model_batches` over the runs of
+:func:`fuzz.split_model.model_split`)."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import random
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from fuzz.checks import assert_batch_equal, assert_no_prefetch_thread
-from fuzz.model import mixture_epoch, model_mixture, model_mixture_batches, windows_in
+from fuzz.checks import (
+    MAX_BATCHES,
+    assert_batch_equal,
+    assert_batches_equal,
+    assert_no_prefetch_thread,
+)
+from fuzz.model import (
+    ShardList,
+    mixture_epoch,
+    model_batches,
+    model_call,
+    model_mixture,
+    model_mixture_batches,
+    windows_in,
+)
 from fuzz.schedule import mixture_stages
-from tokstream import mix, stream_token_source
+from fuzz.split_model import model_split
+from tokstream import Corpus, mix, split, stream_token_source
 
 
 def as_schedule(weights: Any) -> list[tuple[int, dict[str, Any]]]:
@@ -162,3 +178,41 @@ def _check_seek(sources, schedule, kwargs, shape, step, arrays, stages, controls
         assert_batch_equal(batch_got, want, f"step {step} + {index} after seek")
     for stream in streams:
         stream.close()
+
+
+def check_split(shards, documents, fractions, seed, range_tokens, kwargs, through_source) -> str:
+    """``split`` gives each name the model's runs (tokens and documents), and every rank of a
+    stream over each split together stream the model's windows of those runs."""
+    offsets = [None if d is None else np.array(d, dtype=np.int64) for d in documents]
+    corpus = Corpus._from_arrays(shards, [f"s{j}" for j in range(len(shards))], "c", offsets)
+    split_module = sys.modules["tokstream.split"]
+    listed = split_module.LISTED_RUNS
+    split_module.LISTED_RUNS = 0 if through_source else listed
+    try:
+        parts = split(corpus, fractions, seed=seed, range_tokens=range_tokens)
+    finally:
+        split_module.LISTED_RUNS = listed
+    expected = model_split(shards, documents, fractions, seed, range_tokens)
+    assert list(parts) == list(fractions)
+    for name, runs in expected.items():
+        part = parts[name]
+        if not runs:
+            assert part.num_tokens == 0, f"split {name!r} should be empty"
+            continue
+        got = [(shard.tolist(), part.shard_documents(j)) for j, shard in enumerate(part.shards)]
+        assert [g[0] for g in got] == [r[0].tolist() for r in runs], f"split {name!r} runs"
+        if corpus.has_documents:
+            assert [g[1].tolist() for g in got] == [r[1] for r in runs], f"{name!r} documents"
+        model_shards, controls = model_call(ShardList([r[0] for r in runs]), kwargs)
+        if corpus.has_documents:
+            controls["recorded"] = [set(bounds[1:-1]) for _, bounds in runs]
+        for rank in range(kwargs["world_size"]):
+            stream = stream_token_source(part, **kwargs, rank=rank)
+            assert_batches_equal(
+                itertools.islice(stream, MAX_BATCHES),
+                itertools.islice(
+                    model_batches(model_shards, {**controls, "rank": rank}), MAX_BATCHES
+                ),
+                f"stream over split {name!r}, rank {rank}",
+            )
+    return "split " + ("through a source" if through_source else "as views")

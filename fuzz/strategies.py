@@ -700,3 +700,47 @@ def arrow_files(draw, pristine: bool) -> bytes:
     with new(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
+
+
+@st.composite
+def split_calls(draw):
+    """A corpus of one to three shards (documents recorded, empty ones too, or none), split
+    fractions, seed and range_tokens, stream options for the splits, and whether the splits'
+    runs are read through a shard source (``tokstream.split.SplitShards``)."""
+    shards = [
+        (1000 * j + np.arange(draw(st.integers(0, 50)))).astype("i4")
+        for j in range(draw(st.integers(1, 3)))
+    ]
+    documents: list[Any] = [None] * len(shards)
+    if draw(st.booleans()):
+        documents = [
+            [0, *sorted(draw(st.lists(st.integers(0, len(s)), max_size=6))), len(s)] for s in shards
+        ]
+    names = draw(
+        st.lists(st.sampled_from(["train", "valid", "test", "x"]), min_size=1, unique=True)
+    )
+    fractions = {
+        name: draw(st.one_of(st.sampled_from([0.99, 0.01, 0.5, 1, 3]), st.floats(0.01, 5.0)))
+        for name in names
+    }
+    world_size = draw(st.integers(1, 3))
+    kwargs = {
+        "block": draw(st.integers(1, 6)),
+        "batch_size": draw(st.integers(1, 8)),
+        "shuffle": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**32 - 1)),
+        "world_size": world_size,
+        "windows": draw(st.sampled_from(["cross", "within"])),
+        "stride": draw(st.sampled_from([1, 1, 2])),
+    }
+    if draw(st.booleans()):
+        kwargs["extras"] = ("position_ids",)
+    return (
+        shards,
+        documents,
+        fractions,
+        draw(st.integers(0, 2**32 - 1)),
+        draw(st.integers(1, 12)),
+        kwargs,
+        draw(st.booleans()),
+    )

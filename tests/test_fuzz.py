@@ -74,6 +74,12 @@ def test_a_staged_mixture_resumed_into_new_shapes_and_schedules_and_seeked_is_th
 
 
 @QUICK
+@given(call=strategies.split_calls())
+def test_any_split_holds_the_models_runs_and_its_ranks_stream_the_models_windows(call):
+    guarded(runs.check_split, *call)
+
+
+@QUICK
 @given(token_file=strategies.token_files())
 def test_any_token_file_opens_to_exactly_its_tokens_or_a_clear_error(tmp_path_factory, token_file):
     guarded(checks.check_token_file, tmp_path_factory.mktemp("file"), token_file)
