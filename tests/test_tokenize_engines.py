@@ -304,7 +304,10 @@ def test_a_dead_cluster_is_an_error_not_a_hang(tmp_path, tokenizer_file, ray_hea
     stderr = child.stderr.read()
     child.stdout.close()
     child.stderr.close()
-    assert code == 1 and "TimeoutError: Ray at" in stderr and "made no shard in 10 s" in stderr
+    # Waiting on its tasks, the job gives up after the stall limit; caught submitting one, Ray
+    # itself ends the driver once its cluster has been gone for 60 s. Either way, no hang.
+    timed_out = "TimeoutError: Ray at" in stderr and "made no shard in 10 s" in stderr
+    assert code == 1 and (timed_out or "Failed to connect to GCS within 60 seconds" in stderr)
     # What the dead cluster had made stays made; the local engine finishes the job.
     clean = tmp_path / "clean"
     tokenize_files(inputs, str(tokenizer_file), clean, shard_bytes=10000)

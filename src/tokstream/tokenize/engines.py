@@ -10,7 +10,8 @@ workers, and a run stopped under one engine is finished under any other.
   address an embedded local Ray is started for the job (and stopped after it), with one the job
   runs on that cluster (``pip install "tokstream[ray]"``; every node needs tokstream and the
   tokenizer, and reads the inputs and writes the output directory at the same paths: a shared
-  filesystem). A cluster that makes no shard for :data:`STALL_SECONDS` is an error, not a hang.
+  filesystem). A cluster that makes no shard for :data:`STALL_SECONDS` is a TimeoutError, not a
+  hang (and Ray itself ends a driver whose cluster has been unreachable for 60 s).
 """
 
 from __future__ import annotations
