@@ -22,10 +22,10 @@ DOCS = documents(count=12, seed=21)
 #: Few requests in flight, so that moto's server (a few hundred answers a second) answers each
 #: well within the timeout even on a loaded machine: a timeout here is an injected fault's.
 IN_FLIGHT = 8
-#: A request that fails for good is given up after 3 s, so that such a test ends in seconds.
-QUICK = dict(max_in_flight=IN_FLIGHT, timeout=1.0, deadline=3.0, backoff=0.01, max_backoff=0.2)
-#: A request that fails a few times (a stalled one for the 2 s timeout) then succeeds.
-PATIENT = dict(max_in_flight=IN_FLIGHT, timeout=2.0, deadline=30.0, backoff=0.01, max_backoff=0.2)
+#: A request that fails for good is given up after 1.5 s, so that such a test ends in seconds.
+QUICK = dict(max_in_flight=IN_FLIGHT, timeout=0.5, deadline=1.5, backoff=0.01, max_backoff=0.2)
+#: A request that fails a few times (a stalled one for the 1 s timeout) then succeeds.
+PATIENT = dict(max_in_flight=IN_FLIGHT, timeout=1.0, deadline=30.0, backoff=0.01, max_backoff=0.2)
 
 
 @pytest.fixture
