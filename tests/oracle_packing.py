@@ -119,7 +119,9 @@ def group_table(packing: Packing, group: int, epoch: int) -> RowPieces:
     rows = None
     if packing.shuffle and packed_rows:
         count = items.shape[0]
-        shuffled = items[permuted(count, packing.seed, epoch, _PIECE_ORDER + group, 0, count)]
+        shuffled = items[
+            permuted(count, packing.seed, epoch, packing._key + _PIECE_ORDER + group, 0, count)
+        ]
         shuffled = shuffled[np.argsort(-(short[shuffled] // JITTER_QUANTUM), kind="stable")]
         rows = np.array(best_fit(short[shuffled].tolist(), capacity), np.int64)
         items = shuffled
@@ -141,7 +143,7 @@ def group_table(packing: Packing, group: int, epoch: int) -> RowPieces:
     items, rows = items[by_row], rows[by_row]
     order = np.arange(total)
     if packing.shuffle:
-        order = permuted(total, packing.seed, epoch, _ROW_ORDER + group, 0, total)
+        order = permuted(total, packing.seed, epoch, packing._key + _ROW_ORDER + group, 0, total)
     pieces: list[tuple[int, int]] = []
     row_offsets = [0]
     for row in order.tolist():

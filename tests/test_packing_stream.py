@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.oracle_packing import fill_rows
 from tests.test_packing import PAD, boundaries_of, check_contract, layouts, lognormal_lengths
-from tokstream import Corpus, mix, stream_token_source
+from tokstream import Corpus, stream_token_source
 
 EXTRAS = ("document_ids", "position_ids", "cu_seqlens")
 
@@ -177,12 +177,6 @@ def test_bad_packed_arguments_name_the_argument(overrides, error, message):
     corpus = Corpus.from_documents([np.arange(5, dtype=dtype), np.arange(3, dtype=dtype)])
     with pytest.raises(error, match=message):
         packed(corpus, **overrides)
-
-
-def test_a_mixture_cannot_be_packed_yet():
-    sources = {"a": corpus_of([5, 6]), "b": corpus_of([3, 9])}
-    with pytest.raises(ValueError, match="mixture"):
-        packed(mix(sources, {"a": 1, "b": 1}), extras=())
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.uint64, np.int8])

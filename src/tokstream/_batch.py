@@ -30,7 +30,7 @@ from tokstream._kernels.documents import document_pieces, gather_documents
 from tokstream._kernels.gather import gather_at, gather_windows
 from tokstream._kernels.pack import fill_packed
 from tokstream._options import StreamOptions
-from tokstream._packed import PackedSpace
+from tokstream._packed import PackedMixtureSpace, PackedSpace
 from tokstream._space import WindowSpace, cache_ahead
 
 #: A batch: ``(windows, targets)``, or with extras a dict of arrays (and ``"max_seqlen"``, an
@@ -221,7 +221,7 @@ class PackedFill:
     packed-row kernel, once per run of rows of one group (the space checks each group's table
     of pieces before any of its rows is copied)."""
 
-    def __init__(self, space: PackedSpace, options: StreamOptions) -> None:
+    def __init__(self, space: PackedSpace | PackedMixtureSpace, options: StreamOptions) -> None:
         self.space = space
         self._block = space.block
         self._pad = space.pad
@@ -297,11 +297,11 @@ class _OutsideOutDtype:
         return ValueError(self._message)
 
 
-def filler(space: WindowSpace | PackedSpace, options: StreamOptions) -> Fill:
+def filler(space: WindowSpace | PackedSpace | PackedMixtureSpace, options: StreamOptions) -> Fill:
     """The filler of a stream's batches over ``space``."""
-    if isinstance(space, PackedSpace):
-        return PackedFill(space, options)
-    return WindowFill(space, options)
+    if isinstance(space, WindowSpace):
+        return WindowFill(space, options)
+    return PackedFill(space, options)
 
 
 def check_shapes(

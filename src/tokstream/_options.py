@@ -132,7 +132,7 @@ class StreamOptions:
         )
         pad = None if values["pad"] is None else exact_int(values["pad"], "pad")
         if packed:
-            pad = _packed_checks(pad, eos, stride, mixture, values["permutation"])
+            pad = _packed_checks(pad, eos, stride, values["permutation"])
             # A packed batch always carries its loss mask.
             extras = tuple(dict.fromkeys(("loss_mask", *extras)))
         else:
@@ -207,17 +207,13 @@ class StreamOptions:
         return self.world_size * self.batch_size
 
 
-def _packed_checks(
-    pad: int | None, eos: int | None, stride: int, mixture: bool, permutation: Any
-) -> int:
+def _packed_checks(pad: int | None, eos: int | None, stride: int, permutation: Any) -> int:
     """The rules of ``windows="packed"``; returns the padding token (``pad``, else ``eos``)."""
     if stride != 1:
         raise ValueError(
             f"stride={shown(stride)} does not apply to windows='packed': packed rows hold whole "
             "documents, and cut longer ones every block tokens"
         )
-    if mixture:
-        raise ValueError("windows='packed' is not available for a tokstream.mix() mixture yet")
     if permutation == "materialized":
         raise ValueError(
             "permutation='materialized' is not available with windows='packed': packed epochs "

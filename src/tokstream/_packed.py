@@ -18,8 +18,9 @@ import numpy as np
 from tokstream._options import StreamOptions
 from tokstream._order import WindowOrder
 from tokstream._state import Cursor
-from tokstream._validate import token_id
+from tokstream._validate import INT64_MAX, token_id
 from tokstream.corpus import Corpus
+from tokstream.mixture import Mixture, MixtureOrder, mixture_windows
 from tokstream.packing import Packing
 
 
@@ -31,7 +32,7 @@ class PackedSpace:
     order hands it over in the index (:class:`PackedOrder`).
     """
 
-    def __init__(self, corpus: Corpus, options: StreamOptions) -> None:
+    def __init__(self, corpus: Corpus, options: StreamOptions, source: int = 0) -> None:
         self.corpus = corpus
         self.block = options.block
         self.pad = token_id(options.pad, corpus.dtype, "pad")
@@ -41,7 +42,7 @@ class PackedSpace:
             else corpus.boundaries_with_eos(options.eos)
         )
         self.packing = Packing(
-            boundaries, options.block, shuffle=options.shuffle, seed=options.seed
+            boundaries, options.block, shuffle=options.shuffle, seed=options.seed, source=source
         )
         self.num_windows = self.packing.num_rows
         # Private copies: the kernel's addresses come only from what was validated here.
@@ -82,17 +83,21 @@ class PackedSpace:
             yield 0, self._checked(windows_index - current[0], current[2]), current[2]
             return
         per_epoch = max(1, self.num_windows)
-        epoch = first // per_epoch  # one batch, one epoch
-        base = epoch * per_epoch
-        order, offsets = self.packing.epoch_offsets(epoch)
-        slots = np.searchsorted(offsets, windows_index - base, side="right") - 1
-        runs = np.flatnonzero(slots[1:] != slots[:-1]) + 1
-        for begin, end in zip([0, *runs.tolist()], [*runs.tolist(), rows], strict=True):
-            slot = int(slots[begin])
-            table = self._table(int(order[slot]), epoch)
-            low = base + int(offsets[slot])
-            self._current = (low, base + int(offsets[slot + 1]), table)
-            yield begin, self._checked(windows_index[begin:end] - low, table), table
+        # One epoch a batch for a lone corpus; a mixture's source may start its next one.
+        epochs = windows_index // per_epoch
+        for epoch_begin, epoch_end in _runs(epochs):
+            epoch = int(epochs[epoch_begin])
+            base = epoch * per_epoch
+            order, offsets = self.packing.epoch_offsets(epoch)
+            indices = windows_index[epoch_begin:epoch_end]
+            slots = np.searchsorted(offsets, indices - base, side="right") - 1
+            for begin, end in _runs(slots):
+                slot = int(slots[begin])
+                table = self._table(int(order[slot]), epoch)
+                low = base + int(offsets[slot])
+                self._current = (low, base + int(offsets[slot + 1]), table)
+                local = self._checked(indices[begin:end] - low, table)
+                yield epoch_begin + begin, local, table
 
     @staticmethod
     def _checked(local: np.ndarray, table: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
@@ -135,12 +140,13 @@ class PackedSpace:
         row that holds no piece."""
         if not windows_index.shape[0]:
             return np.empty(0, np.int64)
-        epoch, positions = np.divmod(windows_index, max(1, self.num_windows))
-        pieces = self.packing.rows(int(epoch[0]), positions)
-        first = pieces.row_offsets[:-1]
-        has_piece = first < pieces.row_offsets[1:]
+        epochs, positions = np.divmod(windows_index, max(1, self.num_windows))
         starts = np.full(windows_index.shape[0], -1, np.int64)
-        starts[has_piece] = pieces.starts[first[has_piece]]
+        for begin, end in _runs(epochs):
+            pieces = self.packing.rows(int(epochs[begin]), positions[begin:end])
+            first = pieces.row_offsets[:-1]
+            has_piece = first < pieces.row_offsets[1:]
+            starts[begin:end][has_piece] = pieces.starts[first[has_piece]]
         return starts
 
 
@@ -152,3 +158,111 @@ class PackedOrder(WindowOrder):
     def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
         first = cursor.epoch * max(1, self.num_windows) + cursor.position + self._rank
         return np.arange(first, first + self._world * count, self._world, dtype=np.int64)
+
+
+class PackedMixtureSpace:
+    """A packed stream over a :func:`tokstream.mix` mixture: each source packs its own
+    documents (a :class:`PackedSpace` of its own, keyed by its number), in the interface of
+    :class:`PackedSpace`.
+
+    The window index of a sample is ``j * S + s``: source ``s`` of the ``S`` sources, ``j`` that
+    source's local sample (its own space's window index: its packing epoch times its rows, plus
+    the position), as :class:`PackedMixtureOrder` hands it over.
+    """
+
+    def __init__(self, mixture: Mixture, options: StreamOptions) -> None:
+        self.corpus = mixture.corpus
+        self.block = options.block
+        self.pad = token_id(options.pad, self.corpus.dtype, "pad")
+        self.sources = [
+            PackedSpace(corpus, options, source)
+            for source, corpus in enumerate(mixture.sources.values())
+        ]
+        self.num_windows = sum(space.num_windows for space in self.sources)
+        # Each source's first token in the mixture's corpus (its sources laid end to end).
+        tokens = [0, *(corpus.num_tokens for corpus in mixture.sources.values())]
+        self._token_offsets = np.cumsum(tokens[:-1], dtype=np.int64)
+
+    def segments_sha256(self) -> str:
+        """A hash of every source's documents and groups."""
+        digest = hashlib.sha256()
+        for space in self.sources:
+            digest.update(space.segments_sha256().encode())
+        return digest.hexdigest()
+
+    def row_runs(
+        self, windows_index: np.ndarray
+    ) -> Iterator[tuple[int, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+        """:meth:`PackedSpace.row_runs` over the sources: each run of the batch's rows of one
+        source and one of its groups."""
+        local, source = np.divmod(windows_index, len(self.sources))
+        for begin, end in _runs(source):
+            space = self.sources[int(source[begin])]
+            for first, rows, table in space.row_runs(local[begin:end]):
+                yield begin + first, rows, table
+
+    def token_starts(self, windows_index: np.ndarray) -> np.ndarray:
+        """Each row's first token in the mixture's corpus; -1 for a row of no piece."""
+        local, source = np.divmod(windows_index, len(self.sources))
+        starts = np.full(windows_index.shape[0], -1, np.int64)
+        for s in np.unique(source).tolist():
+            where = np.flatnonzero(source == s)
+            found = self.sources[s].token_starts(local[where])
+            starts[where] = np.where(found < 0, -1, found + self._token_offsets[s])
+        return starts
+
+
+class PackedMixtureOrder(MixtureOrder):
+    """The order of a packed mixture's samples: the mixture's schedule (its stages and ranks as
+    for windows) picks each sample's source ``s`` and that source's local sample ``j``; the
+    window index is ``j * S + s`` (:class:`PackedMixtureSpace`). A source's local samples run
+    through its packed rows in order, epoch after epoch of its own packing: the shuffle is the
+    packing's, so no permutation is drawn on top."""
+
+    def __init__(self, mixture: Mixture, space: PackedMixtureSpace, options: StreamOptions) -> None:
+        counts = np.array([source.num_windows for source in space.sources], np.int64)
+        for name, count in zip(mixture.names, counts.tolist(), strict=True):
+            if count == 0:
+                raise ValueError(
+                    f"sources[{name!r}] holds no document of at least 2 tokens, so no packed "
+                    "row: it cannot give its share of the samples"
+                )
+        samples = int(counts.sum()) if options.samples is None else options.samples
+        self._sources = len(space.sources)
+        if options.epochs * samples * self._sources > INT64_MAX:
+            raise ValueError(
+                f"epochs * samples per epoch * sources = {options.epochs} * {samples} * "
+                f"{self._sources} must stay below 2**63 with windows='packed'"
+            )
+        WindowOrder.__init__(self, samples, options)
+        self._mixture = mixture
+        firsts = np.cumsum(counts) - counts
+        self._kernel = mixture_windows(mixture, firsts, counts, int(counts.sum()), options)
+
+    def fill_extras(self, windows_index: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
+        """The ``"source"`` extra: each row's source."""
+        if "source" in buffers:
+            np.remainder(windows_index, self._sources, out=buffers["source"])
+
+    def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
+        """Window indices ``j * S + s`` of this rank's batch at ``cursor``."""
+        first = cursor.epoch * self.num_windows + cursor.position + self.options.rank
+        schedule = self._kernel.schedule(first, self.options.world_size, count)
+        return schedule[:, 1] * self._sources + schedule[:, 0]
+
+
+def packed_parts(
+    source: Corpus | Mixture, options: StreamOptions
+) -> tuple[PackedSpace | PackedMixtureSpace, WindowOrder]:
+    """The space and the order of a packed stream over a corpus or a mixture."""
+    if isinstance(source, Mixture):
+        space = PackedMixtureSpace(source, options)
+        return space, PackedMixtureOrder(source, space, options)
+    packed = PackedSpace(source, options)
+    return packed, PackedOrder(packed.num_windows, options)
+
+
+def _runs(values: np.ndarray) -> list[tuple[int, int]]:
+    """``(begin, end)`` of each run of equal consecutive ``values`` (at least one value)."""
+    cuts = (np.flatnonzero(values[1:] != values[:-1]) + 1).tolist()
+    return list(zip([0, *cuts], [*cuts, values.shape[0]], strict=True))

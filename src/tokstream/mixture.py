@@ -321,23 +321,7 @@ class MixtureOrder(WindowOrder):
         # First window of each source in the combined corpus, then the window count.
         self._source_offsets = read_only(offsets)
         self._mixture = mixture
-        # The schedule, from the weights alone: nothing a caller can reassign reaches the kernel,
-        # which checks its tables itself.
-        self._kernel = MixtureWindows(
-            [
-                Stage(start, *schedule_tree(weights), weights)
-                for start, weights in mixture.integer_stages
-            ],
-            [
-                (first, count, *implicit_domain(count))
-                for first, count in zip(first_windows.tolist(), counts.tolist(), strict=True)
-            ],
-            gather.num_windows,
-            options.seed,
-            options.shuffle,
-            FEISTEL_ROUNDS,
-            PERIOD_TABLE_LIMIT,
-        )
+        self._kernel = mixture_windows(mixture, first_windows, counts, gather.num_windows, options)
 
     def fill_extras(self, windows_index: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
         """The ``"source"`` extra: each row's source, the last one whose first window is at or
@@ -363,6 +347,42 @@ class MixtureOrder(WindowOrder):
             **schedule_fingerprint(mixture.integer_stages),
             "samples": self.num_windows,
         }
+
+
+def window_order(
+    source: Corpus | Mixture, space: WindowSpace, options: StreamOptions
+) -> WindowOrder:
+    """The order of a stream's windows: a mixture's schedule, else one corpus's order."""
+    if isinstance(source, Mixture):
+        return MixtureOrder(source, space, options)
+    return WindowOrder(space.num_windows, options)
+
+
+def mixture_windows(
+    mixture: Mixture,
+    first_windows: np.ndarray,
+    counts: np.ndarray,
+    num_windows: int,
+    options: StreamOptions,
+) -> MixtureWindows:
+    """The compiled schedule of ``mixture``'s samples over its sources' windows (source ``s``
+    holds windows ``first_windows[s] ..`` ``+ counts[s]`` of ``num_windows``), from the weights
+    alone: nothing a caller can reassign reaches the kernel, which checks its tables itself."""
+    return MixtureWindows(
+        [
+            Stage(start, *schedule_tree(weights), weights)
+            for start, weights in mixture.integer_stages
+        ],
+        [
+            (first, count, *implicit_domain(count))
+            for first, count in zip(first_windows.tolist(), counts.tolist(), strict=True)
+        ],
+        num_windows,
+        options.seed,
+        options.shuffle,
+        FEISTEL_ROUNDS,
+        PERIOD_TABLE_LIMIT,
+    )
 
 
 def _label(name: str, shard: int | None = None) -> str:

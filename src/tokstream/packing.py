@@ -71,6 +71,8 @@ _DOCUMENT_ORDER = 1 << 62
 _GROUP_ORDER = _DOCUMENT_ORDER + 1
 _PIECE_ORDER = 1 << 63
 _ROW_ORDER = _PIECE_ORDER + (1 << 40)
+# Source s of a mixture adds s << _SOURCE_SHIFT to each (groups stay below 1 << 40).
+_SOURCE_SHIFT = 48
 
 # "No order" for the group kernel (the identity, or no shuffled placement).
 _NONE = np.empty(0, np.int64)
@@ -155,10 +157,13 @@ class Packing:
         shuffle: bool,
         seed: int,
         group_documents: int | None = None,
+        source: int = 0,
     ) -> None:
         self.block = block
         self.shuffle = shuffle
         self.seed = seed
+        # A mixture's sources pack by keys of their own (source 0's are a lone corpus's).
+        self._key = source << _SOURCE_SHIFT
         self.boundaries = boundaries
         self.num_documents = boundaries.shape[0] - 1
         if group_documents is None:
@@ -188,14 +193,16 @@ class Packing:
         count = min(self.group_documents, self.num_documents - first)
         if not self.shuffle:
             return np.arange(first, first + count, dtype=np.int64)
-        return permuted(self.num_documents, self.seed, 0, _DOCUMENT_ORDER, first, count)
+        return permuted(self.num_documents, self.seed, 0, self._key + _DOCUMENT_ORDER, first, count)
 
     def _row_counts(self, first: int, last: int) -> np.ndarray:
         """Groups ``first .. last - 1``'s row counts (see the module docstring)."""
         start = first * self.group_documents
         count = min(last * self.group_documents, self.num_documents) - start
         if self.shuffle:
-            documents = permuted(self.num_documents, self.seed, 0, _DOCUMENT_ORDER, start, count)
+            documents = permuted(
+                self.num_documents, self.seed, 0, self._key + _DOCUMENT_ORDER, start, count
+            )
         else:
             documents = np.arange(start, start + count, dtype=np.int64)
         groups = last - first
@@ -239,12 +246,12 @@ class Packing:
             raise RuntimeError("a group with fewer rows than full pieces: a packing bug")
         shuffled = self.shuffle and packed_rows > 0
         piece_order = (
-            permuted(pieces, self.seed, epoch, _PIECE_ORDER + group, 0, pieces)
+            permuted(pieces, self.seed, epoch, self._key + _PIECE_ORDER + group, 0, pieces)
             if shuffled
             else _NONE
         )
         row_order = (
-            permuted(total, self.seed, epoch, _ROW_ORDER + group, 0, total)
+            permuted(total, self.seed, epoch, self._key + _ROW_ORDER + group, 0, total)
             if self.shuffle
             else _NONE
         )
@@ -262,9 +269,13 @@ class Packing:
             piece_order,
             JITTER_QUANTUM if shuffled else 0,
             row_order,
-            *table,
+            table.row_offsets,
+            table.starts,
+            table.lengths,
             np.empty(starts.shape[0], np.int64),
-            *(np.empty(pieces, np.int64) for _ in range(3)),
+            np.empty(pieces, np.int64),
+            np.empty(pieces, np.int64),
+            np.empty(pieces, np.int64),
             np.empty(packed_rows + 1, np.int64),
             np.empty(fulls, np.int64),
             np.zeros(capacity + 2, np.int64),
@@ -284,7 +295,7 @@ class Packing:
         if cached is None or cached[0] != epoch:
             if self.shuffle:
                 order = permuted(
-                    self.num_groups, self.seed, epoch, _GROUP_ORDER, 0, self.num_groups
+                    self.num_groups, self.seed, epoch, self._key + _GROUP_ORDER, 0, self.num_groups
                 )
             else:
                 order = np.arange(self.num_groups, dtype=np.int64)

@@ -22,14 +22,13 @@ from tokstream import _batch, _state, _validate
 from tokstream._batch import Batch
 from tokstream._kernels import advice
 from tokstream._options import StreamOptions, expose_options, stream_signature
-from tokstream._order import WindowOrder
-from tokstream._packed import PackedOrder, PackedSpace
+from tokstream._packed import PackedMixtureSpace, PackedSpace, packed_parts
 from tokstream._prefetch import Prefetcher
 from tokstream._readahead import ReadAhead
-from tokstream._space import window_space
+from tokstream._space import WindowSpace, window_space
 from tokstream._state import Cursor
 from tokstream.corpus import Corpus
-from tokstream.mixture import Mixture, MixtureOrder
+from tokstream.mixture import Mixture, window_order
 
 
 @expose_options
@@ -76,14 +75,14 @@ class TokenStream(Iterator[Batch]):
         self._corpus = corpus
         self._options = options
         packed = options.windows == "packed"
-        self._space = PackedSpace(corpus, options) if packed else window_space(corpus, options)
+        self._space: WindowSpace | PackedSpace | PackedMixtureSpace
+        if packed:
+            self._space, self._order = packed_parts(source, options)
+        else:
+            self._space = window_space(corpus, options)
+            self._order = window_order(source, self._space, options)
         self._fill = _batch.filler(self._space, options)
         corpus.advise(options.shuffle)
-        if isinstance(source, Mixture):
-            self._order: WindowOrder = MixtureOrder(source, self._space, options)
-        else:
-            order_type = PackedOrder if packed else WindowOrder
-            self._order = order_type(self._space.num_windows, options)
         # Random windows of a memory-mapped corpus are read ahead; sequential ones are left to
         # the OS's own read-ahead (MADV_SEQUENTIAL), arrays in RAM need none.
         self._readahead = (
