@@ -129,12 +129,17 @@ class FaultProxy:
         with urllib.request.urlopen(f"{self._control}/stats", timeout=10) as response:
             return json.loads(response.read())
 
-    def wait_until_no_connection(self, seconds: float = 10.0) -> int:
-        """Poll until no client connection is open or ``seconds`` pass; the count left."""
+    def ports(self) -> set[int]:
+        """The client ports of the connections open now."""
+        return set(self.stats()["ports"])
+
+    def wait_until_no_connection(self, besides: set[int] = frozenset(), seconds: float = 10.0):
+        """Poll until no client connection is open but those of ``besides`` (ports, e.g. of an
+        earlier test's pooled clients) or ``seconds`` pass; the others' ports, sorted."""
         end = time.monotonic() + seconds
-        while (open_now := self.stats()["open"]) and time.monotonic() < end:
+        while (others := self.ports() - besides) and time.monotonic() < end:
             time.sleep(0.05)
-        return open_now
+        return sorted(others)
 
     def stop(self) -> None:
         self._process.stop()

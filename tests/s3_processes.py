@@ -24,9 +24,9 @@ The proxy's control port speaks JSON over HTTP:
     error body, the connection kept), ``"drop"`` (close the connection unanswered), ``"truncate"``
     (forward, then send the headers and half the body, and close), ``"stall"`` (answer nothing
     for ``ms`` milliseconds, then close) or ``"delay"`` (``ms`` more before forwarding).
-``GET /stats``  ``{"open": N, "requests": [{"method", "target", "range", "action", "status",
-    "body_bytes"}, ...]}``: the client connections open now and the requests served (in the
-    order they finished).
+``GET /stats``  ``{"open": N, "ports": [...], "requests": [{"method", "target", "range",
+    "action", "status", "body_bytes"}, ...]}``: the client connections open now (and their
+    client ports) and the requests served (in the order they finished).
 """
 
 from __future__ import annotations
@@ -166,7 +166,8 @@ class Proxy:
         self.rules: list[dict] = []
         self.matched: list[int] = []
         self.log: list[dict] = []
-        self.open = 0
+        #: The client port of each connection open now.
+        self.open: set[int] = set()
 
     def configure(self, config: dict) -> None:
         self.delay_ms = float(config.get("delay_ms", 0))
@@ -201,7 +202,8 @@ class Proxy:
             del self.log[: len(self.log) - LOG_LIMIT]
 
     async def serve_client(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter):
-        self.open += 1
+        port = client_w.get_extra_info("peername")[1]
+        self.open.add(port)
         try:
             while True:
                 request = await read_message(client_r)
@@ -246,7 +248,7 @@ class Proxy:
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             return
         finally:
-            self.open -= 1
+            self.open.discard(port)
             client_w.close()
 
     async def forward(self, request: Message) -> Message:
@@ -274,7 +276,8 @@ class Proxy:
                 self.configure(json.loads(request.body or b"{}"))
                 body = b"{}"
             elif (method, target) == ("GET", "/stats"):
-                body = json.dumps({"open": self.open, "requests": self.log}).encode()
+                stats = {"open": len(self.open), "ports": sorted(self.open), "requests": self.log}
+                body = json.dumps(stats).encode()
             else:
                 body = json.dumps({"error": f"no such control: {method} {target}"}).encode()
             writer.write(
