@@ -5,6 +5,7 @@ source-epochs that are permutations, exact resume and rank sharding, memory, and
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import tracemalloc
 from fractions import Fraction
@@ -650,3 +651,52 @@ def test_a_source_without_windows_for_the_block_is_refused_by_name(options, matc
     mixture = mix({"long": np.arange(100), "short": short}, {"long": 1, "short": 1})
     with pytest.raises(ValueError, match=match):
         TokenStream(mixture, batch_size=3, **options)
+
+
+@pytest.mark.parametrize("windows", ["cross", "within"])
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_sources_of_many_shards_are_joined_through_a_source_with_the_same_batches(
+    monkeypatch, windows, world_size
+):
+    # Past LISTED_SHARDS shards (here: any), the mixture's corpus reads its sources' shards
+    # through a JoinedShards source: the same windows, documents and extras as the arrays.
+    web = Corpus._from_arrays(
+        [np.arange(40) + 1000 * j for j in range(5)],
+        [f"w{j}" for j in range(5)],
+        "web",
+        [np.array([0, 7, 7, 30, 40]), None, np.array([0, 40]), None, np.array([0, 1, 39, 40])],
+    )
+    code = np.arange(10_000, 10_300)
+    options = dict(
+        block=5,
+        batch_size=7,
+        epochs=2,
+        seed=4,
+        windows=windows,
+        world_size=world_size,
+        extras=("source", "position_ids", "loss_mask", "origin"),
+    )
+
+    def batches(listed: int) -> list:
+        monkeypatch.setattr(tokstream.mixture, "LISTED_SHARDS", listed)
+        mixture = mix({"web": web, "code": code}, [(0, {"web": 1}), (30, {"web": 2, "code": 1})])
+        corpus = mixture.corpus
+        assert (corpus.source is None) == (listed > 0)
+        documents = [corpus.shard_documents(j) for j in range(len(corpus.shards))]
+        ranks = [stream_token_source(mixture, **options, rank=r) for r in range(world_size)]
+        shards = [
+            (s.tolist(), None if d is None else d.tolist())
+            for s, d in zip(corpus.shards, documents, strict=True)
+        ]
+        return [shards, corpus.document_boundaries.tolist()] + [every_extra(s) for s in ranks]
+
+    joined = batches(0)
+    assert joined == batches(4096)
+    monkeypatch.setattr(tokstream.mixture, "LISTED_SHARDS", 0)
+    mixture = mix({"web": web, "code": code}, [(0, {"web": 1}), (30, {"web": 2, "code": 1})])
+    restored = pickle.loads(pickle.dumps(mixture))
+    assert every_extra(stream_token_source(restored, **options, rank=0)) == joined[2]
+
+
+def every_extra(batches) -> list:
+    return [{key: value.tolist() for key, value in batch.items()} for batch in batches]

@@ -277,6 +277,15 @@ def test_a_mixture_is_split_source_by_source_and_mixed_again():
             assert shards_of(parts[name].sources[source]) == shards_of(by_hand[source][name])
 
 
+def test_a_staged_mixture_is_split_and_mixed_again_with_its_stages():
+    web = Corpus.from_documents([np.arange(7) + 100 * i for i in range(200)])
+    code = Corpus.from_documents([np.arange(5) + 100_000 + 100 * i for i in range(100)])
+    stages = [(0, {"web": 1}), (50, {"web": 1, "code": 3}), (90, {"code": 1})]
+    mixture = mix({"web": web, "code": code}, stages)
+    for part in split(mixture, {"train": 0.9, "valid": 0.1}, seed=1).values():
+        assert part.integer_stages == ((0, (1, 0)), (50, (1, 3)), (90, (0, 1)))
+
+
 def test_a_mixture_split_that_leaves_a_source_empty_is_a_value_error():
     big = Corpus.from_documents([np.arange(5) + 10 * i for i in range(100)])
     tiny = mix({"big": big, "one": Corpus.from_documents([np.arange(5)])}, {"big": 1, "one": 1})

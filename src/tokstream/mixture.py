@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from tokstream._arrays import read_only
+from tokstream._joinedshards import JoinedShards
 from tokstream._options import StreamOptions
 from tokstream._order import FEISTEL_ROUNDS, WindowOrder, implicit_domain
 from tokstream._schedule import MixtureWindows, Stage
@@ -48,6 +49,11 @@ from tokstream.corpus import Corpus
 #: The integer weights of a schedule sum to at most this (plus one per source): the kernel's
 #: products stay below ``2**63``.
 WEIGHT_TOTAL = 1 << 30
+
+#: Sources of at most this many shards together, all of them arrays in hand, are joined as a
+#: tuple of those arrays; beyond it (or with a source whose shards are read on demand) through
+#: a :class:`~tokstream._joinedshards.JoinedShards` source, with no Python work per shard.
+LISTED_SHARDS = 4096
 
 #: The most stages a schedule may have: a state dict records each (its start and a digest of
 #: its weights) and stays under 16 KB up to this many.
@@ -85,6 +91,11 @@ class Mixture:
             for start, weights in self._integer_stages
         )
         self.weights = dict(self.stages[0][1])
+        corpora = list(self.sources.values())
+        if sum(len(c.lengths) for c in corpora) > LISTED_SHARDS or any(c.source for c in corpora):
+            joined = JoinedShards(corpora, [_label(name) for name in self.names])
+            self.corpus = Corpus._from_source(joined, "sources")
+            return
         arrays, shard_names, documents = [], [], []
         for name, corpus in self.sources.items():
             for j, shard in enumerate(corpus.shards):
