@@ -108,7 +108,8 @@ def start(documents: int) -> None:
         print(
             f"start over {documents:,} documents ({int(boundaries[-1]):,} tokens, block 2048, "
             f"batch 16, shuffled): first batch {seconds:.2f} s ({cpu:.2f} s of CPU), "
-            f"peak {peak / 2**20:.1f} MiB allocated (boundaries {boundaries.nbytes / 2**20:.0f} MiB held by the corpus), "
+            f"peak {peak / 2**20:.1f} MiB allocated "
+            f"(boundaries {boundaries.nbytes / 2**20:.0f} MiB held by the corpus), "
             f"state_dict {state:,} bytes"
         )
         del stream, corpus, tokens
