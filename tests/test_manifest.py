@@ -441,3 +441,62 @@ def test_the_fingerprint_reads_a_bounded_sample_and_changes_with_the_content(tmp
         f.write(b"x")
     assert manifest.fingerprint(path) != before
     assert before.startswith(manifest.FINGERPRINT + ":")
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    import io
+
+    from tokstream.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_the_manifest_command_writes_one_that_open_tokens_and_inspect_read(tmp_path):
+    make_inputs(tmp_path, "megatron")
+    make_inputs(tmp_path, "npy")
+    output = tmp_path / "toc" / "manifest.json"
+    code, out, err = run_cli(
+        "manifest", str(tmp_path / "part*.bin"), str(tmp_path / "s0.npy"), "--output", str(output)
+    )
+    assert (code, err) == (0, "")
+    assert out == (
+        f"wrote {output}: 5 shards (megatron, npy), uint16, 1,232 tokens, 37 documents\n"
+    )
+    corpus = files.open_tokens(tmp_path / "toc")
+    expected = files.open_tokens([*sorted(tmp_path.glob("part*.bin")), tmp_path / "s0.npy"])
+    np.testing.assert_array_equal(corpus.lengths, expected.lengths)
+    code, out, err = run_cli("inspect", str(output), "--json")
+    assert code == 0, err
+    summary = json.loads(out)[0]
+    assert (summary["format"], summary["tokens"], summary["documents"]) == ("manifest", 1232, 38)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["nope.npy"], "token file not found: 'nope.npy'"),
+        (["s0.npy", "--dtype", "int32"], "s0.npy holds uint16 tokens, dtype=int32 was asked"),
+        (["s0.npy", "wide.npy"], "mix token dtypes"),
+    ],
+)
+def test_a_failing_manifest_command_is_one_line_exit_1_and_writes_nothing(
+    tmp_path, monkeypatch, argv, message
+):
+    make_inputs(tmp_path, "npy")
+    files.write_tokens(tmp_path / "wide.npy", np.arange(10), dtype=np.uint32)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli("manifest", *argv, "--output", "toc/manifest.json")
+    assert (code, out) == (1, "")
+    assert err.count("\n") == 1 and message in err and err.startswith("tokstream manifest: ")
+    assert not (tmp_path / "toc").exists()
+
+
+def test_the_manifest_command_without_an_output_is_a_usage_error(tmp_path):
+    code, _, err = run_cli("manifest", str(tmp_path / "a.npy"))
+    assert code == 2 and "--output" in err

@@ -210,18 +210,24 @@ def open_tokens(
 def _corpus(shards: list[Shard], want: np.dtype | None, name: str) -> Corpus:
     arrays = []
     for shard in shards:
-        tokens = shard.tokens
-        if want is not None and tokens.dtype.newbyteorder("=") != want.newbyteorder("="):
-            raise ValueError(
-                f"token file {shard.name} holds {tokens.dtype} tokens, dtype={want} was asked"
-            )
-        tokens = _validate.token_array(tokens, f"token file {shard.name}")
+        tokens = checked_tokens(shard, want)
         # A byte-swapped file is copied into memory (and an empty one may be): read-only all
         # the same.
         tokens.flags.writeable = False
         arrays.append(tokens)
     names = [shard.name for shard in shards]
     return Corpus._from_arrays(arrays, names, name, [shard.document_offsets for shard in shards])
+
+
+def checked_tokens(shard: Shard, want: np.dtype | None) -> np.ndarray:
+    """``shard``'s tokens as the kernel reads them, of dtype ``want`` (if not None) or a
+    ValueError naming its file."""
+    tokens = shard.tokens
+    if want is not None and tokens.dtype.newbyteorder("=") != want.newbyteorder("="):
+        raise ValueError(
+            f"token file {shard.name} holds {tokens.dtype} tokens, dtype={want} was asked"
+        )
+    return _validate.token_array(tokens, f"token file {shard.name}")
 
 
 def expand_pattern(spec: PathLike) -> list[Path]:

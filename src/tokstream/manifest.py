@@ -107,7 +107,7 @@ def write_manifest(
             data = _data_file(shard, format)
             if data.resolve() == output.resolve():
                 raise ValueError(f"output {output} is one of the inputs")
-            tokens = _validate.token_array(shard.tokens, f"token file {shard.name}")
+            tokens = files.checked_tokens(shard, want)
             found.setdefault(str(tokens.dtype), shard.name)
             key = os.fspath(data.resolve())
             if key not in fingerprints:
@@ -279,6 +279,11 @@ class ManifestShards(MappedShards):
         state = super().__getstate__()
         state["_last_file"] = None
         return state
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Bytes of each shard's file, as the manifest lists them."""
+        return self._sizes
 
     def file(self, index: int) -> Path:
         """The path of shard ``index``'s file."""

@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from tokstream import _progress, _validate, files
+from tokstream import _progress, _validate, files, manifest
 from tokstream._windowing import covered_tokens
 from tokstream.bench.report import markdown_table
 from tokstream.cli import _inspect_step
@@ -86,7 +86,8 @@ def summarize(
     packed: bool = False,
 ) -> FileSummary:
     """Open ``path`` with :func:`tokstream.files.open_tokens` and describe it."""
-    detected = files.detect_format(path) if format is None else format
+    listed = manifest.find(path) if format is None else None
+    detected = "manifest" if listed else files.detect_format(path) if format is None else format
     corpus = files.open_tokens(path, dtype=dtype, format=format, column=column)
     # The boundaries of windows="within" (one scan for eos, which also counts its tokens).
     documents = corpus.document_boundaries if eos is None else corpus.boundaries_with_eos(eos)
@@ -101,7 +102,7 @@ def summarize(
         min_id=min(lows) if lows else None,
         max_id=max(highs) if highs else None,
         windows=corpus.num_windows(block),
-        bytes=_size(path),
+        bytes=int(np.sum(getattr(corpus.source, "sizes", 0))) if listed else _size(path),
         kept_cross=_share(corpus.tokens_in_windows(block), corpus.num_tokens),
         kept_within=_share(covered_tokens(np.diff(documents), block, 1), corpus.num_tokens),
         boundaries=_boundaries(corpus, eos, documents),

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 import tokstream
-from tokstream.cli import _bench, _convert, _inspect, _tokenize
+from tokstream.cli import _bench, _convert, _inspect, _manifest, _tokenize
 from tokstream.cli._common import PROG, CommandError, UsageError
 
 
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {tokstream.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in (_bench, _inspect, _convert, _tokenize):
+    for command in (_bench, _inspect, _convert, _tokenize, _manifest):
         command.add_parser(commands)
     return parser
 
