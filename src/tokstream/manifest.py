@@ -62,8 +62,13 @@ def fingerprint(path: PathLike) -> str:
         digest.update(size.to_bytes(8, "little"))
         spans = [(0, _EDGE), (max(0, size - _EDGE), _EDGE)]
         spans += [(size * (k + 1) // (_BLOCKS + 1), _BLOCK) for k in range(_BLOCKS)]
+        # A small file is read once; the spans are the same bytes either way.
+        whole = f.read() if size <= 4 * _EDGE else None
         for start, count in spans:
-            digest.update(os.pread(f.fileno(), count, start))
+            if whole is None:
+                digest.update(os.pread(f.fileno(), count, start))
+            else:
+                digest.update(whole[start : start + count])
     return f"{FINGERPRINT}:{digest.hexdigest()}"
 
 
@@ -101,25 +106,27 @@ def write_manifest(
     documents: list[np.ndarray] = []
     found: dict[str, str] = {}
     fingerprints: dict[str, str] = {}
-    base = output.parent.resolve()
+    # Absolute paths without resolving links (no system call per shard); relative to where
+    # the manifest will be, so the directory can move with its files.
+    base, target = os.path.abspath(output.parent), os.path.abspath(output)
     for path in files.input_paths(inputs):
         for shard, format in files.shards_with_formats(path, want, column):
             data = _data_file(shard, format)
-            if data.resolve() == output.resolve():
+            key = os.path.abspath(data)
+            if key == target:
                 raise ValueError(f"output {output} is one of the inputs")
             tokens = files.checked_tokens(shard, want)
             found.setdefault(str(tokens.dtype), shard.name)
-            key = os.fspath(data.resolve())
             if key not in fingerprints:
                 fingerprints[key] = fingerprint(data)
             mapped = file_map_of(shard.tokens)
-            table["path"].append(os.path.relpath(data.resolve(), base))
+            table["path"].append(os.path.relpath(key, base))
             table["format"].append(format)
             table["offset"].append(0 if mapped is None else mapped.offset)
             table["tokens"].append(int(tokens.shape[0]))
             offsets = shard.document_offsets
             table["documents"].append(None if offsets is None else int(offsets.shape[0] - 1))
-            table["size"].append(data.stat().st_size)
+            table["size"].append(data.stat().st_size if mapped is None else mapped.identity[2])
             table["fingerprint"].append(fingerprints[key])
             table["batch"].append(_batch_index(shard.name) if format == "arrow" else None)
             documents.append(np.zeros(1, np.int64) if offsets is None else offsets[:-1])
