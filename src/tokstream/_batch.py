@@ -247,21 +247,23 @@ class PackedFill:
             windows_index.shape[0], self._block, windows, next_tokens, targets, position_ids,
             label_continues, document_ids, shifted_only=True,
         )  # fmt: skip
-        for first, rows, (row_offsets, addresses, lengths) in self.space.row_runs(windows_index):
-            fitted = self._fill_packed(
-                self._anchor,
-                addresses,
-                lengths,
-                row_offsets,
-                rows,
-                first,
-                self._pad,
-                windows,
-                targets,
-                label_continues,
-                position_ids,
-                document_ids,
-            )
+        runs = self.space.row_runs(windows_index)
+        for first, rows, (row_offsets, addresses, lengths), readable in runs:
+            with readable:  # the pieces' addresses are valid until it is released
+                fitted = self._fill_packed(
+                    self._anchor,
+                    addresses,
+                    lengths,
+                    row_offsets,
+                    rows,
+                    first,
+                    self._pad,
+                    windows,
+                    targets,
+                    label_continues,
+                    position_ids,
+                    document_ids,
+                )
             if not fitted:
                 raise self._refuse()
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from tokstream._options import StreamOptions
 from tokstream._order import WindowOrder
+from tokstream._shardsource import Readable
 from tokstream._state import Cursor
 from tokstream._validate import INT64_MAX, token_id
 from tokstream.corpus import Corpus
@@ -49,7 +50,18 @@ class PackedSpace:
         self._shards = corpus.shards
         self._shard_starts = corpus.shard_starts.copy()
         self._shard_ends = self._shard_starts + corpus.lengths
-        self._shard_addresses = np.array([s.ctypes.data for s in self._shards], np.uint64)
+        # Shards read on demand have no address until a batch reads them: their tables hold
+        # each piece's shard and byte offset, and row_runs asks the source for the addresses.
+        self._source = corpus.source
+        self._shard_addresses = (
+            np.array([s.ctypes.data for s in self._shards], np.uint64)
+            if self._source is None
+            else None
+        )
+        largest = int(corpus.lengths.max(initial=0)) * corpus.dtype.itemsize
+        self._shard_shift = max(1, largest.bit_length())
+        if self._shard_shift + max(1, len(self._shards) - 1).bit_length() > 63:
+            raise ValueError("too many shards, or shards too large, for 64-bit addresses")
         # ((group, epoch), its checked table): the last group filled from.
         self._cached: tuple[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = (
             None
@@ -67,11 +79,13 @@ class PackedSpace:
 
     def row_runs(
         self, windows_index: np.ndarray
-    ) -> Iterator[tuple[int, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
-        """``(first row, table rows, table)`` for each run of the batch's rows that lie in one
-        group: the batch's rows ``first, first + 1, ...`` are rows ``table rows`` of that
-        group's checked table ``(row offsets, piece addresses, piece lengths)`` (see
-        :meth:`_table`), which :func:`tokstream._kernels.pack.fill_packed` copies from."""
+    ) -> Iterator[tuple[int, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray], Readable]]:
+        """``(first row, table rows, table, readable)`` for each run of the batch's rows that
+        lie in one group: the batch's rows ``first, first + 1, ...`` are rows ``table rows`` of
+        that group's checked table ``(row offsets, piece addresses, piece lengths)`` (see
+        :meth:`_table`), which :func:`tokstream._kernels.pack.fill_packed` copies from. The
+        addresses of those rows' pieces are valid until ``readable`` is released: release it
+        right after the kernel call (shards read on demand are mapped for it)."""
         rows = windows_index.shape[0]
         if not rows:
             return
@@ -80,7 +94,9 @@ class PackedSpace:
         first, last = int(windows_index[0]), int(windows_index[-1])
         current = self._current
         if current is not None and current[0] <= first and last < current[1]:
-            yield 0, self._checked(windows_index - current[0], current[2]), current[2]
+            yield self._resolved(
+                0, self._checked(windows_index - current[0], current[2]), current[2]
+            )
             return
         per_epoch = max(1, self.num_windows)
         # One epoch a batch for a lone corpus; a mixture's source may start its next one.
@@ -97,7 +113,7 @@ class PackedSpace:
                 low = base + int(offsets[slot])
                 self._current = (low, base + int(offsets[slot + 1]), table)
                 local = self._checked(indices[begin:end] - low, table)
-                yield epoch_begin + begin, local, table
+                yield self._resolved(epoch_begin + begin, local, table)
 
     @staticmethod
     def _checked(local: np.ndarray, table: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
@@ -105,6 +121,27 @@ class PackedSpace:
         if local[0] < 0 or local[-1] >= table[0].shape[0] - 1:
             raise RuntimeError("a packed sample outside its group: a packing bug")
         return local
+
+    def _resolved(
+        self, first: int, local: np.ndarray, table: tuple[np.ndarray, np.ndarray, np.ndarray]
+    ) -> tuple[int, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray], Readable]:
+        """A run of :meth:`row_runs` with its pieces' addresses and what keeps them readable."""
+        if self._source is None:
+            return first, local, table, Readable(table[1])
+        # The pieces of these rows, made readable; the rest of the table is never read.
+        row_offsets, encoded, lengths = table
+        begin, count = row_offsets[local], row_offsets[local + 1] - row_offsets[local]
+        ramp = np.arange(int(count.sum()), dtype=np.int64)
+        pieces = ramp + np.repeat(begin - (np.cumsum(count) - count), count)
+        shift = np.uint64(self._shard_shift)
+        readable = self._source.readable(
+            (encoded[pieces] >> shift).astype(np.int64),
+            (encoded[pieces] & ((np.uint64(1) << shift) - np.uint64(1))).astype(np.int64),
+            lengths[pieces] * self.corpus.dtype.itemsize,
+        )
+        addresses = np.zeros(encoded.shape[0], np.uint64)
+        addresses[pieces] = readable.addresses
+        return first, local, (row_offsets, addresses, lengths), readable
 
     def _table(self, group: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(row offsets, piece addresses, piece lengths)`` of a group's rows in streamed
@@ -127,8 +164,12 @@ class PackedSpace:
         ):
             raise RuntimeError("packed rows outside the corpus or their row: a packing bug")
         local = (starts - self._shard_starts[shard]).astype(np.uint64)
-        itemsize = np.uint64(self.corpus.dtype.itemsize)
-        addresses = self._shard_addresses[shard] + local * itemsize
+        local *= np.uint64(self.corpus.dtype.itemsize)
+        if self._shard_addresses is not None:
+            addresses = self._shard_addresses[shard] + local
+        else:
+            # (shard << shift) + byte offset, resolved per batch in row_runs.
+            addresses = (shard.astype(np.uint64) << np.uint64(self._shard_shift)) + local
         for array in (table.row_offsets, addresses, lengths):
             array.flags.writeable = False
         result = (table.row_offsets, addresses, lengths)
@@ -192,14 +233,14 @@ class PackedMixtureSpace:
 
     def row_runs(
         self, windows_index: np.ndarray
-    ) -> Iterator[tuple[int, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    ) -> Iterator[tuple[int, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray], Readable]]:
         """:meth:`PackedSpace.row_runs` over the sources: each run of the batch's rows of one
         source and one of its groups."""
         local, source = np.divmod(windows_index, len(self.sources))
         for begin, end in _runs(source):
             space = self.sources[int(source[begin])]
-            for first, rows, table in space.row_runs(local[begin:end]):
-                yield begin + first, rows, table
+            for first, rows, table, readable in space.row_runs(local[begin:end]):
+                yield begin + first, rows, table, readable
 
     def token_starts(self, windows_index: np.ndarray) -> np.ndarray:
         """Each row's first token in the mixture's corpus; -1 for a row of no piece."""
