@@ -55,7 +55,8 @@ _EDGE, _BLOCK, _BLOCKS = 1 << 16, 1 << 12, 16
 
 
 def fingerprint(path: PathLike) -> str:
-    """The content fingerprint :func:`write_manifest` records for the file at ``path``."""
+    """The content fingerprint :func:`write_manifest` records for the file at ``path`` (hex;
+    the manifest names the method, :data:`FINGERPRINT`, once)."""
     digest = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -69,7 +70,7 @@ def fingerprint(path: PathLike) -> str:
                 digest.update(os.pread(f.fileno(), count, start))
             else:
                 digest.update(whole[start : start + count])
-    return f"{FINGERPRINT}:{digest.hexdigest()}"
+    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +136,10 @@ def write_manifest(
         raise ValueError(f"the inputs mix token dtypes ({examples}); a corpus has one dtype")
     if not table["path"]:
         raise ValueError("the inputs hold no shards")
+    # The directory every path starts with is written once.
+    prefix = os.path.commonpath([os.path.dirname(p) or "." for p in table["path"]])
+    prefix = "" if prefix in ("", ".") else prefix + "/"
+    table["path"] = [p[len(prefix) :] for p in table["path"]]
     manifest: dict[str, Any] = {
         "kind": KIND,
         "version": VERSION,
@@ -143,6 +148,8 @@ def write_manifest(
         "num_shards": len(table["path"]),
         "num_tokens": sum(table["tokens"]),
         "documents_file": None,
+        "fingerprint": FINGERPRINT,
+        "path_prefix": prefix,
         "shards": table,
     }
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -264,6 +271,10 @@ class ManifestShards(MappedShards):
         if count == 0:
             raise ValueError(f"{where}: lists no shards")
         self._paths = _strings(table["path"], "path", where)
+        prefix = manifest.get("path_prefix")
+        if not isinstance(prefix, str):
+            raise ValueError(f"{where}: bad 'path_prefix': {prefix!r}")
+        self._directory = path.parent / prefix
         self._formats = _strings(table["format"], "format", where)
         self.lengths = frozen(_counts(table["tokens"], "tokens", where))
         self._offsets = _counts(table["offset"], "offset", where)
@@ -277,7 +288,7 @@ class ManifestShards(MappedShards):
         if recorded and not isinstance(self._documents_file, str):
             raise ValueError(f"{where}: shards record documents but no 'documents_file' is named")
         _counts(recorded, "documents", where)
-        self.names = _ShardNames(path.parent, self._paths)
+        self.names = _ShardNames(self._directory, self._paths)
         # The Arrow file read last: its record batches are the next shards to be asked for.
         self._last_file: tuple[str, list[Shard]] | None = None
         super().__init__(capacity)
@@ -294,7 +305,7 @@ class ManifestShards(MappedShards):
 
     def file(self, index: int) -> Path:
         """The path of shard ``index``'s file."""
-        return self.path.parent / self._paths[index]
+        return self._directory / self._paths[index]
 
     def document_counts(self) -> np.ndarray | None:
         if all(count is None for count in self._document_counts):
@@ -429,12 +440,20 @@ class _ShardNames:
 
 
 def _strings(values: list[Any], name: str, where: str) -> list[str]:
-    if not all(isinstance(v, str) and v for v in values):
+    # Type checks over the whole list at C speed: 100,000 entries in a few milliseconds.
+    if set(map(type, values)) - {str} or not all(values):
         raise ValueError(f"{where}: every '{name}' must be a nonempty string")
     return values
 
 
 def _counts(values: list[Any], name: str, where: str) -> np.ndarray:
-    if not all(type(v) is int and v >= 0 for v in values):
+    # type(v) is int: a JSON true is a Python bool, which NumPy would take for 1.
+    if set(map(type, values)) - {int}:
         raise ValueError(f"{where}: every '{name}' must be an integer >= 0")
-    return np.array(values, np.int64)
+    try:
+        counts = np.array(values, np.int64)
+    except OverflowError:
+        raise ValueError(f"{where}: every '{name}' must be an integer below 2**63") from None
+    if counts.shape[0] and int(counts.min()) < 0:
+        raise ValueError(f"{where}: every '{name}' must be an integer >= 0")
+    return counts
