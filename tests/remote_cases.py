@@ -94,7 +94,7 @@ def write_tokenized(directory: Path, docs: list[np.ndarray]) -> str:
     text = directory.parent / f"{directory.name}-text.txt"
     text.write_text("\n".join(" ".join(f"w{t % 97}" for t in doc[:12]) for doc in docs) + "\n")
     tokenizer = byte_level_bpe([text.read_text()], directory.parent / "bpe.json", vocab_size=300)
-    tokenize_files([str(text)], str(tokenizer), directory / "tokenized", shard_tokens=250)
+    tokenize_files([str(text)], str(tokenizer), directory / "tokenized", shard_bytes=250)
     return "tokenized"
 
 
