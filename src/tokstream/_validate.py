@@ -64,7 +64,9 @@ def exact_int(value: Any, name: str) -> int:
     """
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be an int, got bool {value!r}")
-    if isinstance(value, (int, np.integer)) and not isinstance(value, np.timedelta64):
+    # NumPy files timedelta64 under np.integer (its stubs do not): a duration is not a count.
+    duration = isinstance(value, np.timedelta64)
+    if isinstance(value, (int, np.integer)) and not duration:
         return int(value)
     if isinstance(value, (float, np.floating)):
         if not np.isfinite(value):
@@ -179,7 +181,7 @@ def integer_dtype(dtype: Any, name: str) -> np.dtype:
     Kinds, not ``np.issubdtype``: NumPy files timedelta64 under ``np.integer``.
     """
     try:
-        as_dtype = np.dtype(dtype)
+        as_dtype: np.dtype = np.dtype(dtype)
     except (TypeError, ValueError) as exc:
         # ValueError: a malformed tuple such as ("i4", "x") ("invalid shape in fixed-type tuple").
         raise TypeError(f"{name} must be an integer dtype, got {dtype!r} ({exc})") from None
