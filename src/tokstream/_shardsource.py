@@ -26,7 +26,7 @@ from __future__ import annotations
 import mmap
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -59,6 +59,14 @@ class Readable:
         self.release()
 
 
+class Names(Protocol):
+    """Shard names by index, for messages (a list, or names made when one is asked for)."""
+
+    def __getitem__(self, index: int, /) -> str: ...
+
+    def __len__(self) -> int: ...
+
+
 class ShardSource:
     """Where a lazily read corpus' shards come from (see the module).
 
@@ -69,7 +77,7 @@ class ShardSource:
 
     dtype: np.dtype
     lengths: np.ndarray
-    names: Sequence[str]
+    names: Names
 
     def __len__(self) -> int:
         return int(self.lengths.shape[0])
@@ -197,7 +205,7 @@ class MappedShards(ShardSource):
         self._arrays[index] = array
         self._bases[index] = array.ctypes.data
         self._resident[index] = True
-        base = array.base
+        base: object = array.base  # a FileMap for a mapped file (NumPy types it an array)
         if self._advice is not None and isinstance(base, FileMap):
             try:
                 base.madvise(self._advice)
@@ -232,8 +240,9 @@ class MappedShards(ShardSource):
         with self._lock:
             arrays = list(self._arrays.values())
         for array in arrays:
-            if isinstance(array.base, FileMap):
-                yield array.base
+            base: object = array.base  # a FileMap for a mapped file (NumPy types it an array)
+            if isinstance(base, FileMap):
+                yield base
 
     def advise(self, advice: int | None) -> None:
         self._advice = advice

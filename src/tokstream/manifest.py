@@ -259,9 +259,10 @@ class ManifestShards(MappedShards):
         if not dtype.isnative:
             raise ValueError(f"{where}: bad 'dtype': {dtype.str} is not in native byte order")
         self.dtype = dtype
-        self.column = manifest.get("column")
-        if not isinstance(self.column, str):
-            raise ValueError(f"{where}: bad 'column': {self.column!r}")
+        column = manifest.get("column")
+        if not isinstance(column, str):
+            raise ValueError(f"{where}: bad 'column': {column!r}")
+        self.column = column
         table = manifest.get("shards")
         if not isinstance(table, dict) or not all(isinstance(table.get(c), list) for c in COLUMNS):
             raise ValueError(f"{where}: 'shards' must hold the lists {', '.join(COLUMNS)}")
