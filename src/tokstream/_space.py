@@ -14,12 +14,13 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from tokstream._arrays import frozen
 from tokstream._kernels.advice import advise_windows
 from tokstream._kernels.gather import lookup_windows
 from tokstream._options import StreamOptions
 from tokstream._shardsource import Readable
 from tokstream._windowing import capped_stride, cumulative, windows_per_segment
-from tokstream.corpus import Corpus, frozen
+from tokstream.corpus import Corpus
 
 #: The kernel requests about this many bytes of window data into the cache ahead of the window
 #: it copies, and at most this many windows ahead (see :func:`cache_ahead`).

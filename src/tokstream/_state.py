@@ -40,7 +40,7 @@ class Cursor(NamedTuple):
 
     epoch: int
     position: int
-    rng_state: tuple | None
+    rng_state: tuple[Any, ...] | None
 
 
 def fingerprint(corpus: Any, options: Any, space: Any) -> dict[str, Any]:
@@ -199,7 +199,7 @@ def _check_schedule(saved: dict[str, Any], here: dict[str, Any], sample: int) ->
             continue
         where = f"before the saved position (global sample {sample})"
         if old is None or new is None:
-            start = (old or new)[0]
+            start = next(stages for stages in (old, new) if stages is not None)[0]
             whose, other = "this mixture's", "the state's"
             if new is None:
                 whose, other = other, whose
@@ -249,7 +249,7 @@ def _state_int(value: Any, name: str) -> int:
     return value
 
 
-def _encode_rng_state(state: tuple) -> dict[str, Any]:
+def _encode_rng_state(state: tuple[Any, ...]) -> dict[str, Any]:
     name, keys, pos, has_gauss, cached_gaussian = state
     return {
         "bit_generator": name,
@@ -260,7 +260,7 @@ def _encode_rng_state(state: tuple) -> dict[str, Any]:
     }
 
 
-def _decode_rng_state(encoded: Any) -> tuple:
+def _decode_rng_state(encoded: Any) -> tuple[Any, ...]:
     """The ``RandomState.get_state()`` tuple of an encoded state, every field checked."""
     where = "state['rng_state']"
     if not isinstance(encoded, dict):

@@ -12,7 +12,7 @@ import numpy as np
 
 from tokstream import _filemap
 
-PathLike = str | os.PathLike
+PathLike = str | os.PathLike[str]
 
 
 class Shard(NamedTuple):
@@ -69,11 +69,11 @@ def map_tokens(path: Path, dtype: np.dtype, offset: int, count: int) -> np.ndarr
     return _filemap.map_tokens(os.fspath(path), offset, dtype, count)
 
 
-def existing_file(path: Any) -> Path:
-    """``path`` as a Path to an existing regular file, else FileNotFoundError or ValueError."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"token file path must be a str or os.PathLike, got {type(path).__name__}")
-    path = Path(path)
+def existing_file(given: Any) -> Path:
+    """``given`` as a Path to an existing regular file, else FileNotFoundError or ValueError."""
+    if not isinstance(given, (str, os.PathLike)):
+        raise TypeError(f"token file path must be a str or os.PathLike, got {type(given).__name__}")
+    path = Path(given)
     try:
         exists = path.exists()
     except OSError as exc:

@@ -26,7 +26,7 @@ class TokenFileWriter:
     ``path`` is the file, or for ``"megatron"`` the dataset's prefix (or its ``.bin``/``.idx``).
     """
 
-    def __init__(self, path: os.PathLike | str, format: str, dtype: np.dtype) -> None:
+    def __init__(self, path: os.PathLike[str] | str, format: str, dtype: np.dtype) -> None:
         if format not in STREAMED:
             raise ValueError(f"format {format!r} is not written token by token")
         self.format = format

@@ -54,9 +54,9 @@ class Result:
 
 
 def tokenize_files(
-    inputs: Sequence[str | os.PathLike],
+    inputs: Sequence[str | os.PathLike[str]],
     tokenizer: str,
-    output: str | os.PathLike,
+    output: str | os.PathLike[str],
     *,
     eos: int | str | None = DEFAULT_EOS,
     format: str = "npy",

@@ -32,7 +32,9 @@ class Meter:
         self._samples: collections.deque[tuple[float, int, int]] = collections.deque()
         self._last_line = -float("inf")
 
-    def update(self, position: int, documents: int, tokens: int, shards: int, milestone: bool):
+    def update(
+        self, position: int, documents: int, tokens: int, shards: int, milestone: bool
+    ) -> None:
         """Report ``position`` input bytes done, with the counts so far."""
         if self.callback is None:
             return
