@@ -29,6 +29,11 @@ def _evicted_map(path, num_tokens: int) -> np.memmap:
     return tokens
 
 
+def _addresses(tokens: np.ndarray, starts) -> np.ndarray:
+    """The addresses of ``tokens[starts]``, as the gather's lookup finds them."""
+    return tokens.ctypes.data + np.asarray(starts, np.uint64) * np.uint64(tokens.itemsize)
+
+
 def _wait_resident(tokens: np.ndarray, seconds: float = 10.0) -> float:
     deadline = time.monotonic() + seconds
     while (fraction := advice.resident_fraction(tokens)) < 1.0 and time.monotonic() < deadline:
@@ -46,7 +51,7 @@ def test_advice_reads_the_advised_windows_pages_and_no_others(tmp_path):
     tokens_per_page = PAGE // 2
     # Windows that start on pages 3, 40 and 100 and span two pages each.
     starts = np.array([3, 40, 100], np.int64) * tokens_per_page + tokens_per_page - 4
-    assert advice.advise_windows(tokens, starts, 10, 4) == 3
+    assert advice.advise_at(_addresses(tokens, starts), 20, 4) == 3
     for page in [3, 4, 40, 41, 100, 101]:
         view = tokens[page * tokens_per_page : (page + 1) * tokens_per_page]
         assert _wait_resident(view) == 1.0, page
@@ -58,12 +63,12 @@ def test_advice_reads_the_advised_windows_pages_and_no_others(tmp_path):
 def test_resident_windows_are_not_advised_again(tmp_path):
     tokens = _evicted_map(tmp_path / "tokens.bin", 16 * PAGE)
     starts = np.arange(0, tokens.shape[0] - 100, 997, dtype=np.int64)
-    assert advice.advise_windows(tokens, starts, 100, 4) == starts.shape[0]
+    assert advice.advise_at(_addresses(tokens, starts), 200, 4) == starts.shape[0]
     for start in starts:
         assert _wait_resident(tokens[start : start + 100]) == 1.0
-    assert advice.advise_windows(tokens, starts, 100, 4) == 0
+    assert advice.advise_at(_addresses(tokens, starts), 200, 4) == 0
     # Without a sample, everything is advised again (cheap for resident pages).
-    assert advice.advise_windows(tokens, starts, 100, 0) == starts.shape[0]
+    assert advice.advise_at(_addresses(tokens, starts), 200, 0) == starts.shape[0]
 
 
 @pytest.mark.parametrize("dtype", ["u1", "i2", "u4", "i8"])
@@ -71,16 +76,16 @@ def test_arrays_in_ram_are_resident_and_never_advised_after_a_sample(dtype):
     tokens = np.arange(100_000).astype(dtype)
     starts = np.array([0, 500, 99_000], np.int64)
     assert advice.resident_fraction(tokens) == 1.0
-    assert advice.advise_windows(tokens, starts, 1000, 4) == 0
+    assert advice.advise_at(_addresses(tokens, starts), 1000 * tokens.itemsize, 4) == 0
 
 
 def test_nothing_to_advise_is_zero_and_an_empty_array_is_resident():
     empty = np.empty(0, np.uint16)
-    assert advice.advise_windows(empty, np.empty(0, np.int64), 5, 4) == 0
-    assert advice.advise_windows(np.arange(10), np.empty(0, np.int64), 5, 4) == 0
+    assert advice.advise_at(np.empty(0, np.uint64), 10, 4) == 0
+    assert advice.advise_at(_addresses(np.arange(10), [2]), 0, 0) == 0
     assert advice.resident_fraction(empty) == 1.0
 
 
 def test_a_sample_larger_than_the_batch_checks_each_window_once():
     tokens = np.arange(1000, dtype=np.int64)
-    assert advice.advise_windows(tokens, np.array([1, 2], np.int64), 3, 1000) == 0
+    assert advice.advise_at(_addresses(tokens, [1, 2]), 24, 1000) == 0

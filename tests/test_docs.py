@@ -117,7 +117,7 @@ COMPILED = {
         ("_kernels.order", "permuted_positions", "out, first, stride"),
         ("_kernels.order", "round_keys", "keys, seed, epoch"),
         ("_kernels.mixture", "schedule_samples", "nodes, root, first"),
-        ("_kernels.advice", "advise_windows", "tokens, starts, span"),
+        ("_kernels.advice", "advise_at", "addresses, window_bytes, sample"),
         ("_kernels.advice", "resident_fraction", "tokens"),
         ("_kernels.pack", "best_fit", "lengths, capacity, rows"),
         ("_kernels.pack", "fill_packed", "anchor, addresses, lengths"),

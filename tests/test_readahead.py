@@ -121,6 +121,39 @@ def test_the_next_batches_pages_are_read_before_they_are_gathered(tmp_path):
 
 
 @linux_only
+@pytest.mark.parametrize("shards", [2, 5])
+def test_the_next_batches_pages_are_read_ahead_in_whichever_shard_they_lie(tmp_path, shards):
+    block, batch_size, length = 512, 16, 1_000_000
+    # Token i of shard j is j * length + i, so a window's first token says where it lies.
+    in_ram_shards = [
+        np.arange(j * length, (j + 1) * length, dtype=np.uint32) for j in range(shards)
+    ]
+    paths = [tmp_path / f"shard{j}.npy" for j in range(shards)]
+    for path, tokens in zip(paths, in_ram_shards, strict=True):
+        write_tokens(path, tokens)
+    corpus = evicted_corpus(*paths)
+    stream = stream_token_source(corpus, block, batch_size, permutation="implicit")
+    in_ram = stream_token_source(Corpus(in_ram_shards), block, batch_size, permutation="implicit")
+    assert in_ram._readahead is None
+    next(stream)
+    next(in_ram)
+    upcoming = np.concatenate([next(in_ram)[0][:, 0] for _ in range(WINDOWS_AHEAD // batch_size)])
+    assert len(np.unique(upcoming // length)) == shards  # the batches reach every shard
+
+    def all_resident() -> bool:
+        return all(
+            resident_fraction(corpus.shards[s // length][s % length :][: block + 1]) == 1.0
+            for s in upcoming
+        )
+
+    deadline = time.monotonic() + 10
+    while not all_resident() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all_resident()  # every window read ahead is in memory, none of them touched
+    assert max(resident_fraction(shard) for shard in corpus.shards) < 0.5
+
+
+@linux_only
 def test_a_file_in_the_page_cache_stops_the_look_ahead(tmp_path):
     tokens = token_file(tmp_path / "tokens.npy", 200_000)
     corpus = open_tokens(tmp_path / "tokens.npy")

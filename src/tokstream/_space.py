@@ -10,12 +10,11 @@ kernel then copies the windows into a batch's buffers is :mod:`tokstream._batch`
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 
 import numpy as np
 
 from tokstream._arrays import frozen
-from tokstream._kernels.advice import advise_windows
+from tokstream._kernels.advice import advise_at
 from tokstream._kernels.gather import lookup_windows
 from tokstream._options import StreamOptions
 from tokstream._shardsource import Readable
@@ -104,9 +103,6 @@ class WindowSpace:
             self._offsets
         )
         self._single = self._shards[0] if len(self._shards) == 1 and corpus.source is None else None
-        # Read-ahead advice specialised for the corpus dtype (keyed by its C type, e.g.
-        # "uint16_t"), so no call pays the fused-type dispatch.
-        self._advise = advise_windows.__signatures__[f"{corpus.dtype.name}_t"]
         # Each segment's first-token address and its length: every segment lies in one shard
         # (a shard starts every document), found as the last shard starting at or before it;
         # the addresses stay valid as long as ``self._shards`` lives. Frozen: nothing a caller
@@ -216,33 +212,14 @@ class WindowSpace:
     def advise(self, windows_index: np.ndarray, sample: int) -> int:
         """Ask the OS to start reading these windows, unless a sample of them is in memory.
 
-        See :func:`tokstream._kernels.advice.advise_windows`; returns how many windows were
-        advised (0 when the sampled windows were all resident, or where ``madvise`` does not
-        exist).
+        The advice goes to the addresses the kernels copy from (:meth:`locate`), whatever
+        shards the windows lie in; see :func:`tokstream._kernels.advice.advise_at`. Returns
+        how many windows were advised (0 when the sampled windows were all resident, or where
+        ``madvise`` does not exist).
         """
-        starts = self.token_starts(windows_index)
-        span = self.block + 1
-        if self._single is not None:
-            return self._advise(self._single, starts, span, sample)
-        return sum(
-            self._advise(self._shards[shard], local_starts, span, sample)
-            for shard, _, local_starts in self._by_shard(starts)
-        )
-
-    def _by_shard(self, starts: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """``(shard, rows, starts local to the shard)`` for each shard some windows start in."""
-        shard_of = np.searchsorted(self._shard_starts, starts, side="right") - 1
-        if len(self._shards) <= 8:
-            # A pass per shard beats a sort while shards are few: 29 us against 93 (4096 rows).
-            groups = [np.flatnonzero(shard_of == shard) for shard in range(len(self._shards))]
-        else:
-            order = np.argsort(shard_of, kind="stable")
-            groups = np.split(order, np.flatnonzero(np.diff(shard_of[order])) + 1)
-        for group in groups:
-            if group.shape[0] == 0:
-                continue
-            shard = int(shard_of[group[0]])
-            yield shard, group, starts[group] - self._shard_starts[shard]
+        _, addresses, readable = self.locate(windows_index)
+        with readable:
+            return advise_at(addresses, (self.block + 1) * self.corpus.dtype.itemsize, sample)
 
 
 def window_space(corpus: Corpus, options: StreamOptions) -> WindowSpace:

@@ -5,10 +5,9 @@ import numpy.typing as npt
 
 AVAILABLE: bool
 
-def advise_windows(
-    tokens: npt.NDArray[np.integer],  # const token_t[::1], any of the 8 fixed-width int dtypes
-    starts: npt.NDArray[np.int64],  # const int64_t[:]
-    span: int,  # Py_ssize_t, tokens per window
+def advise_at(
+    addresses: npt.NDArray[np.uint64],  # const uint64_t[::1], each window's first token
+    window_bytes: int,  # Py_ssize_t, bytes from each address
     sample: int,  # Py_ssize_t, windows checked with mincore first; 0: advise without checking
 ) -> int: ...
 def resident_fraction(

@@ -7,7 +7,7 @@ without waiting for them, so the device sees a whole batch of reads at once (its
 the gather later finds the pages resident. The advice is given on the mapping's own addresses,
 so no file descriptor is needed.
 
-Before advising a batch, :func:`advise_windows` asks ``mincore`` whether a few of its windows
+Before advising a batch, :func:`advise_at` asks ``mincore`` whether a few of its windows
 are already resident; when all of them are (a corpus in the page cache), it advises nothing.
 That keeps a warm corpus from paying one system call per window.
 
@@ -99,43 +99,39 @@ AVAILABLE = bool(TOKSTREAM_READAHEAD)
 cdef size_t _PAGE = tokstream_page_size()
 
 
-# Cython embeds the signature of a fused function's dispatcher, not this one; the docstring
-# states it instead.
-@cython.embedsignature(False)
-def advise_windows(
-    const token_t[::1] tokens, const int64_t[:] starts, Py_ssize_t span, Py_ssize_t sample
-):
-    """advise_windows(const token_t[::1] tokens, const int64_t[:] starts, Py_ssize_t span, Py_ssize_t sample) -> int
+def advise_at(const uint64_t[::1] addresses, Py_ssize_t window_bytes, Py_ssize_t sample):
+    """Start reading the ``window_bytes`` bytes from each of ``addresses``, unless resident.
 
-    Start reading ``tokens[starts[i] : starts[i] + span]`` for every ``i``, unless it is resident.
+    ``addresses`` are the windows' first tokens as the gather finds them
+    (:func:`tokstream._kernels.gather.lookup_windows`), in any shards. First ``sample`` windows
+    spread evenly over them are checked with ``mincore``: if the first page of each is resident,
+    the batch is taken to be in memory and nothing is advised (return 0). Otherwise every
+    window's pages get ``MADV_WILLNEED`` and the number of windows the OS accepted the advice
+    for is returned. ``sample=0`` advises without checking.
 
-    First ``sample`` windows spread evenly over ``starts`` are checked with ``mincore``: if the
-    first page of each is resident, the batch is taken to be in memory and nothing is advised
-    (return 0). Otherwise every window's pages get ``MADV_WILLNEED`` and the number of windows
-    the OS accepted the advice for is returned. ``sample=0`` advises without checking.
-
-    Nothing is read or written through ``tokens``: only addresses are computed and handed to
-    the OS, which rejects any outside a mapping. The caller still keeps
-    ``0 <= starts[i] <= len(tokens) - span`` so that the advice lands on the corpus.
+    Nothing is read or written at these addresses: they are only handed to the OS, which rejects
+    any outside a mapping. The caller still passes windows of the corpus (looked-up windows and
+    their ``block + 1`` tokens) so that the advice lands on it.
     """
-    cdef Py_ssize_t count = starts.shape[0]
+    cdef Py_ssize_t count = addresses.shape[0]
     cdef Py_ssize_t checks = min(sample, count)
     cdef Py_ssize_t i, advised = 0
-    cdef size_t window_bytes = <size_t>span * sizeof(token_t)
-    cdef const token_t *base
     cdef bint cold = checks <= 0
-    if tokens.shape[0] == 0 or count == 0 or not TOKSTREAM_READAHEAD:
+    if count == 0 or window_bytes <= 0 or not TOKSTREAM_READAHEAD:
         return 0
-    base = &tokens[0]
     with nogil:
         for i in range(checks):
-            # i * count // checks < count: an index of starts.
-            if not tokstream_resident(base + starts[i * count // checks], _PAGE):
+            # i * count // checks < count: an index of addresses.
+            if not tokstream_resident(
+                <const void *><size_t>addresses[i * count // checks], _PAGE
+            ):
                 cold = True
                 break
         if cold:
             for i in range(count):
-                advised += tokstream_willneed(base + starts[i], window_bytes, _PAGE)
+                advised += tokstream_willneed(
+                    <const void *><size_t>addresses[i], <size_t>window_bytes, _PAGE
+                )
     return advised
 
 
