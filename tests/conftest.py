@@ -98,6 +98,15 @@ def proxied_bucket(s3_server, fault_proxy, monkeypatch) -> Iterator:
     fault_proxy.configure()
 
 
+def stress(full: int) -> int:
+    """A long stress test's size: ``full`` against a release build, a quarter of it against the
+    bounds-checked debug build (``TOKSTREAM_DEBUG=1``), whose CI pass is there to run every
+    kernel path with its checks on; the release passes run the whole length."""
+    from tokstream._kernels import DEBUG_BUILD
+
+    return max(1, full // 4) if DEBUG_BUILD else full
+
+
 # Every token dtype the compiled kernel reads in place, without a conversion.
 KERNEL_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import assert_same_batches as tuple_batches_identical
+from tests.conftest import stress
 from tests.oracle_documents import (
     Shard,
     assert_same_batches,
@@ -242,7 +243,8 @@ def test_the_ranks_together_stream_the_single_rank_sequence(shards, run, world_s
             assert np.array_equal(rows, alone[name][: rows.shape[0]]), (step, name)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Quadratic in the batches (a resume from every state): a bounded number under the debug build.
+@settings(max_examples=stress(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     shards=layouts(),
     run=settings_of_a_run(),
