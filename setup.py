@@ -26,7 +26,9 @@ extensions = [
     Extension(
         f"tokstream.{name}",
         [f"src/tokstream/{name.replace('.', '/')}.pyx"],
-        extra_compile_args=["-O0", "-g"] if DEBUG else ["-O3"],
+        # The release build carries no debug information (-g0 overrides the -g in Python's own
+        # flags): a third less compiling, a smaller wheel, the same code.
+        extra_compile_args=["-O0", "-g"] if DEBUG else ["-O3", "-g0"],
         define_macros=[("TOKSTREAM_DEBUG", "1" if DEBUG else "0")],
     )
     # The kernels (src/tokstream/_kernels/): the window gather, the document gather, one
