@@ -48,5 +48,13 @@ extensions = [
     )
 ]
 
-# include_path: the kernels cimport their shared pieces (src/tokstream/_kernels/*.pxd).
-setup(ext_modules=cythonize(extensions, compiler_directives=directives, include_path=["src"]))
+# include_path: the kernels cimport their shared pieces (src/tokstream/_kernels/*.pxd);
+# nthreads: the modules are translated to C in parallel, one process a core.
+setup(
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives=directives,
+        include_path=["src"],
+        nthreads=os.cpu_count() or 1,
+    )
+)
