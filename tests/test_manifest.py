@@ -541,3 +541,22 @@ def test_a_mixture_of_a_manifest_and_an_array_maps_no_shard_when_made_and_stream
         for array, expected_array in zip(mine, want, strict=True):
             np.testing.assert_array_equal(array, expected_array)
     assert listed.source.open_maps <= 3
+
+
+def test_a_manifest_corpus_cannot_be_edited_into_reading_outside_its_files(tmp_path):
+    make_inputs(tmp_path, "npy")
+    path = write_manifest(str(tmp_path / "s*.npy"), tmp_path / "manifest.json")
+    corpus = files.open_tokens(path)
+    source = corpus.source
+    for name, value in [("lengths", np.zeros(4, np.int64)), ("dtype", np.dtype(np.int64))]:
+        with pytest.raises(AttributeError, match="read-only"):
+            setattr(source, name, value)
+    with pytest.raises(ValueError):
+        source.lengths.setflags(write=True)
+    with pytest.raises(AttributeError):
+        corpus.source = None
+    # A range outside its shard is refused by the source itself, whatever asks for it.
+    with pytest.raises(ValueError, match="outside its shard"):
+        source.readable(np.array([0]), np.array([400]), 2)
+    with pytest.raises(ValueError, match="outside its shard"):
+        source.readable(np.array([4]), np.array([0]), 2)

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from tokstream._arrays import frozen
 from tokstream._filemap import FileMap
 
 #: Shard maps a :class:`MappedShards` keeps open by default (the maps a batch in flight needs
@@ -78,6 +79,16 @@ class ShardSource:
     dtype: np.dtype
     lengths: np.ndarray
     names: Names
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The checks of every range and shard rest on these two: set once, never replaced, and
+        # the lengths a copy nothing can make writeable.
+        if name in ("dtype", "lengths"):
+            if name in self.__dict__:
+                raise AttributeError(f"a shard source's {name} is read-only")
+            if name == "lengths":
+                value = frozen(np.asarray(value, np.int64))
+        super().__setattr__(name, value)
 
     def __len__(self) -> int:
         return int(self.lengths.shape[0])
