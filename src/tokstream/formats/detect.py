@@ -8,7 +8,8 @@ fallback only when nothing is recognised.
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
 
 from tokstream.formats import arrow, llmc, megatron, npy
 
@@ -34,8 +35,29 @@ def sniff(path: Path) -> str:
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(HEAD_BYTES)
-        f.seek(max(size - (_ZIP_TAIL if head[:2] == b"PK" else 4), 0))
+        f.seek(max(size - tail_bytes(head), 0))
         tail = f.read()
+    return classify(
+        head,
+        tail,
+        size,
+        str(path),
+        lambda: megatron.is_index(megatron.paths(path)[0]),
+    )
+
+
+def tail_bytes(head: bytes) -> int:
+    """How many of a file's last bytes :func:`classify` needs, given its first bytes."""
+    return _ZIP_TAIL if head[:2] == b"PK" else 4
+
+
+def classify(
+    head: bytes, tail: bytes, size: int, path: str, megatron_index_beside: Callable[[], bool]
+) -> str:
+    """:func:`sniff` from a file's first :data:`HEAD_BYTES` bytes, its last
+    :func:`tail_bytes` bytes and its size: for files read from anywhere (an object store too).
+    ``path`` names it in messages; ``megatron_index_beside()`` says whether ``PREFIX.idx``
+    exists beside a ``PREFIX.bin``."""
     if head.startswith(npy.MAGIC):
         return "npy"
     if head.startswith(megatron.MAGIC):
@@ -61,11 +83,12 @@ def sniff(path: Path) -> str:
             f"token file {path} looks like {what}, not token ids{hint}; if it really holds raw "
             "tokens, pass format='bin'"
         )
-    if path.suffix.lower() == ".npy":
+    suffix = PurePosixPath(path).suffix.lower()
+    if suffix == ".npy":
         raise ValueError(
             f"token file {path}: bad magic {head[:6]!r}: a .npy file must start with {npy.MAGIC!r}"
         )
-    if path.suffix.lower() == ".bin" and megatron.is_index(megatron.paths(path)[0]):
+    if suffix == ".bin" and megatron_index_beside():
         return "megatron"
     return "bin"
 

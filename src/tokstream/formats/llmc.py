@@ -37,23 +37,30 @@ def describe_kinds() -> str:
 def read(path: Path) -> np.ndarray:
     """Map the tokens of the llm.c shard at ``path``; ValueError naming it when it is bad."""
     head = read_header(path, HEADER_BYTES, "llm.c header", f"token file {path}")
+    dtype, count = parse_header(head, f"token file {path}")
+    check_size(path, HEADER_BYTES, count, dtype, "its llm.c header")
+    return map_tokens(path, dtype, HEADER_BYTES, count)
+
+
+def parse_header(head: bytes, where: str) -> tuple[np.dtype, int]:
+    """``(dtype, count)`` from a shard's :data:`HEADER_BYTES`-byte header; ValueError naming
+    ``where`` when it is not an llm.c token shard's."""
     header = np.frombuffer(head, dtype="<i4")
     magic, version, count = (int(v) for v in header[:3])
     if magic not in MAGICS:
         raise ValueError(
-            f"token file {path}: bad magic {magic}, llm.c token shards start with "
+            f"{where}: bad magic {magic}, llm.c token shards start with "
             f"{' or '.join(map(str, sorted(MAGICS)))}"
         )
     dtype = KINDS.get((magic, version))
     if dtype is None:
         raise ValueError(
-            f"token file {path}: unknown llm.c version {version} for magic {magic}; "
+            f"{where}: unknown llm.c version {version} for magic {magic}; "
             f"tokstream reads {describe_kinds()}"
         )
     if count < 0:
-        raise ValueError(f"token file {path}: llm.c header gives a negative token count {count}")
-    check_size(path, HEADER_BYTES, count, dtype, "its llm.c header")
-    return map_tokens(path, dtype, HEADER_BYTES, count)
+        raise ValueError(f"{where}: llm.c header gives a negative token count {count}")
+    return dtype, count
 
 
 def kind_for(dtype: np.dtype) -> tuple[int, int] | None:

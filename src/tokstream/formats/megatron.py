@@ -80,8 +80,27 @@ def read(path: os.PathLike | str) -> Shard:
         if not part.is_file():
             raise FileNotFoundError(2, "Megatron dataset file not found", os.fspath(part))
     where = f"token file {idx_path}"
-    head = read_header(idx_path, HEADER_BYTES, "Megatron index", where)
-    size = idx_path.stat().st_size
+    read_header(idx_path, HEADER_BYTES, "Megatron index", where)
+    dtype, total, offsets = parse_index(np.memmap(idx_path, dtype=np.uint8, mode="r"), where)
+    bin_size = bin_path.stat().st_size
+    check_tokens_size(bin_size, total, dtype, str(bin_path), idx_path.name)
+    tokens = map_tokens(bin_path, dtype, 0, total)
+    return Shard(tokens, offsets, str(bin_path))
+
+
+def parse_index(index: np.ndarray, where: str) -> tuple[np.dtype, int, np.ndarray]:
+    """``(dtype, tokens, document offsets)`` from a whole index (a uint8 array of its bytes).
+
+    Every count, length and pointer is checked (ValueError naming ``where``): the sequences
+    must lie back to back from byte 0; the ``.bin``'s size is :func:`check_tokens_size`'s.
+    """
+    size = index.shape[0]
+    if size < HEADER_BYTES:
+        raise ValueError(
+            f"{where}: truncated Megatron index: {size} bytes, its header alone needs "
+            f"{HEADER_BYTES}"
+        )
+    head = bytes(index[:HEADER_BYTES])
     if head[: len(MAGIC)] != MAGIC:
         raise ValueError(
             f"{where}: bad magic {head[: len(MAGIC)]!r}, Megatron indexes start with {MAGIC!r}"
@@ -114,7 +133,6 @@ def read(path: os.PathLike | str) -> Shard:
         )
     if document_indices == 0:
         raise ValueError(f"{where}: no document indices (a Megatron index has at least [0])")
-    index = np.memmap(idx_path, dtype=np.uint8, mode="r")
     lengths = np.frombuffer(index, dtype="<i4", count=sequences, offset=HEADER_BYTES)
     pointers = np.frombuffer(
         index, dtype="<i8", count=sequences, offset=HEADER_BYTES + 4 * sequences
@@ -123,13 +141,6 @@ def read(path: os.PathLike | str) -> Shard:
         index, dtype="<i8", count=document_indices, offset=HEADER_BYTES + 12 * sequences
     )
     total = _check_pointers(lengths, pointers, dtype.itemsize, where)
-    bin_size = bin_path.stat().st_size
-    if bin_size != total * dtype.itemsize:
-        raise ValueError(
-            f"token file {bin_path}: its index {idx_path.name} counts {total} {dtype.name} "
-            f"tokens ({total * dtype.itemsize} bytes), the file has {bin_size} bytes"
-            + (" (truncated)" if bin_size < total * dtype.itemsize else "")
-        )
     if starts[0] != 0 or starts[-1] != sequences:
         raise ValueError(
             f"{where}: document indices run from {int(starts[0])} to {int(starts[-1])}; they "
@@ -140,9 +151,17 @@ def read(path: os.PathLike | str) -> Shard:
     sequence_starts = np.empty(sequences + 1, dtype=np.int64)
     np.floor_divide(pointers, dtype.itemsize, out=sequence_starts[:-1])
     sequence_starts[-1] = total
-    offsets = sequence_starts[starts]
-    tokens = map_tokens(bin_path, dtype, 0, total)
-    return Shard(tokens, offsets, str(bin_path))
+    return dtype, total, sequence_starts[starts]
+
+
+def check_tokens_size(size: int, total: int, dtype: np.dtype, name: str, index_name: str) -> None:
+    """The ``.bin`` named ``name`` must be ``total`` tokens of ``dtype``, as its index says."""
+    if size != total * dtype.itemsize:
+        raise ValueError(
+            f"token file {name}: its index {index_name} counts {total} {dtype.name} "
+            f"tokens ({total * dtype.itemsize} bytes), the file has {size} bytes"
+            + (" (truncated)" if size < total * dtype.itemsize else "")
+        )
 
 
 def _check_pointers(lengths: np.ndarray, pointers: np.ndarray, itemsize: int, where: str) -> int:

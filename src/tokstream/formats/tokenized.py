@@ -11,6 +11,7 @@ int64 document offsets, from 0 to the shard's token count.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,19 +51,24 @@ def is_documents_file(path: Path) -> bool:
 def load(path: Path) -> dict[str, Any]:
     """The manifest of the directory ``path``; ValueError naming it when it is not one of ours."""
     manifest_path = path / MANIFEST
+    return parse(manifest_path.read_bytes(), f"token file {manifest_path}")
+
+
+def parse(text: bytes, where: str) -> dict[str, Any]:
+    """A manifest from its bytes; ValueError starting with ``where`` when it is not one of ours."""
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"token file {manifest_path}: unreadable JSON: {exc}") from None
+        raise ValueError(f"{where}: unreadable JSON: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
-        raise ValueError(f"token file {manifest_path}: not a {KIND} manifest")
+        raise ValueError(f"{where}: not a {KIND} manifest")
     if manifest.get("version") != VERSION:
         raise ValueError(
-            f"token file {manifest_path}: manifest version {manifest.get('version')!r}, this "
+            f"{where}: manifest version {manifest.get('version')!r}, this "
             f"tokstream reads version {VERSION}"
         )
     if manifest.get("format") not in SUFFIXES or not isinstance(manifest.get("shards"), list):
-        raise ValueError(f"token file {manifest_path}: no valid 'format' and 'shards'")
+        raise ValueError(f"{where}: no valid 'format' and 'shards'")
     return manifest
 
 
@@ -78,8 +84,26 @@ def read(path: Path) -> list[Shard]:
     Every file is checked against the manifest (its dtype, token and document counts) before
     it is used; anything else is a ValueError naming the file (a missing one, an OSError).
     """
-    manifest = load(path)
-    where = f"token file {path / MANIFEST}"
+
+    def open_shard(index: int, format: str, dtype: np.dtype) -> Shard:
+        file = path / shard_file(index, format)
+        if format == "megatron":
+            tokens, offsets, _ = megatron.read(file)
+            return Shard(tokens, offsets, str(file))
+        reader = {"npy": npy.read, "llmc": llmc.read}.get(format, lambda p: raw.read(p, dtype))
+        tokens = reader(file)
+        documents = path / documents_file(index)
+        offsets = check_offsets(npy.read(documents), tokens.shape[0], f"token file {documents}")
+        return Shard(tokens, offsets, str(file))
+
+    return shards_of(load(path), f"token file {path / MANIFEST}", open_shard)
+
+
+def shards_of(
+    manifest: dict[str, Any], where: str, open_shard: Callable[[int, str, np.dtype], Shard]
+) -> list[Shard]:
+    """The shards a manifest lists, each opened by ``open_shard(index, format, dtype)`` (with
+    its document offsets) and checked against its entry; ValueError naming ``where``."""
     if manifest.get("complete") is not True:
         raise ValueError(
             f"{where}: the tokenization stopped before it finished; run the same `tokstream "
@@ -90,22 +114,14 @@ def read(path: Path) -> list[Shard]:
     shards = []
     for index, entry in enumerate(manifest["shards"]):
         name = shard_file(index, format)
-        file = path / name
         if not (
             isinstance(entry, dict)
             and all(_count(entry.get(key)) for key in ("tokens", "documents"))
         ):
             raise ValueError(f"{where}: shard {index} has no valid 'tokens' and 'documents'")
-        if format == "megatron":
-            shard = megatron.read(file)
-            tokens, offsets = shard.tokens, shard.document_offsets
-        else:
-            tokens = {"npy": npy.read, "llmc": llmc.read}.get(format, lambda p: raw.read(p, dtype))(
-                file
-            )
-            documents = path / documents_file(index)
-            stored = npy.read(documents)
-            offsets = check_offsets(stored, tokens.shape[0], f"token file {documents}")
+        shard = open_shard(index, format, dtype)
+        tokens, offsets = shard.tokens, shard.document_offsets
+        assert offsets is not None  # every shard of a tokenize directory records documents
         if tokens.dtype != dtype:
             raise ValueError(f"{where}: shard {name} holds {tokens.dtype} tokens, not {dtype}")
         if entry["tokens"] != tokens.shape[0] or entry["documents"] != offsets.shape[0] - 1:
@@ -113,7 +129,7 @@ def read(path: Path) -> list[Shard]:
                 f"{where}: shard {name} holds {tokens.shape[0]} tokens in "
                 f"{offsets.shape[0] - 1} documents, the manifest says {entry!r}"
             )
-        shards.append(Shard(tokens, offsets, str(file)))
+        shards.append(shard)
     if not shards:
         raise ValueError(f"{where}: no shards (the inputs held no documents)")
     return shards

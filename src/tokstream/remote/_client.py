@@ -1,0 +1,198 @@
+"""One object store, through obstore: listing, sizes, whole objects and byte ranges.
+
+obstore (the Rust ``object_store`` crate's bindings) is the ``remote`` extra. A store is made
+from the URL's scheme and bucket (``s3://bucket``, ``gs://bucket``, ``az://container``,
+``https://host``) and takes its credentials and endpoint from the client's standard environment
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_REGION``, ``GOOGLE_SERVICE_ACCOUNT``,
+``AZURE_STORAGE_ACCOUNT_NAME``, ...). The store's own retries are off: every request here is
+retried by :func:`retrying`, with backoff, until :attr:`Policy.deadline` seconds have passed
+since its first attempt, and a request that still fails is a :class:`RemoteReadError` naming the
+object and the byte range.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from tokstream._extras import install_hint
+
+T = TypeVar("T")
+
+
+class RemoteReadError(OSError):
+    """A request to an object store failed for longer than the deadline allows (or for good:
+    a missing object, a refused credential). The message names the object and the byte range."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How requests are made: how many at once, how long each may take, how long to keep trying.
+
+    ``max_in_flight``: range GETs in flight at once per process. ``timeout``: seconds one
+    attempt may take. ``deadline``: seconds after a request's first attempt after which it is
+    no longer retried but fails. ``backoff``: the first retry's wait in seconds, doubled each
+    retry (with jitter) up to ``max_backoff``.
+    """
+
+    max_in_flight: int = 64
+    timeout: float = 10.0
+    deadline: float = 60.0
+    backoff: float = 0.05
+    max_backoff: float = 2.0
+
+
+def require() -> Any:
+    """The obstore module, or ImportError naming the extra."""
+    try:
+        import obstore
+    except ImportError:
+        raise ImportError(
+            f"reading token files from object storage needs obstore: {install_hint('remote')}"
+        ) from None
+    return obstore
+
+
+def _store_config(root: str, policy: Policy) -> dict[str, Any]:
+    """The store's settings beyond the environment's: our timeout, and no retries of its own."""
+    config: dict[str, Any] = {
+        "client_options": {"timeout": timedelta(seconds=policy.timeout)},
+        "retry_config": {"max_retries": 0},
+    }
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
+    if root.startswith("http://") or (
+        root.startswith("s3://") and endpoint and endpoint.startswith("http://")
+    ):
+        # A local S3-compatible server (MinIO, moto) speaks plain HTTP, which obstore only
+        # allows when asked to; the endpoint named it, so it is asked for.
+        config["client_options"]["allow_http"] = True
+    return config
+
+
+class Client:
+    """The objects under one store root (``scheme://bucket``), made lazily, dropped by close().
+
+    Dropping the store closes its pooled connections; the next request makes a new one.
+    Picklable: a spawned worker makes its own store from the same root and the environment.
+    """
+
+    def __init__(self, root: str, policy: Policy) -> None:
+        self.root, self.policy = root, policy
+        self._store: Any = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Client, (self.root, self.policy))
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:
+            require()
+            from obstore.store import from_url
+
+            self._store = from_url(self.root, **_store_config(self.root, self.policy))
+        return self._store
+
+    def close(self) -> None:
+        self._store = None
+
+    def url(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    async def size(self, key: str) -> tuple[int, str | None]:
+        """The object's size in bytes and its ETag (None when the store gives none)."""
+        obstore = require()
+        meta = await retrying(
+            lambda: obstore.head_async(self.store, key), f"{self.url(key)} (its size)", self.policy
+        )
+        return int(meta["size"]), meta.get("e_tag")
+
+    async def read(self, key: str) -> bytes:
+        """The whole object."""
+        obstore = require()
+
+        async def whole() -> bytes:
+            result = await obstore.get_async(self.store, key)
+            return bytes(await result.bytes_async())
+
+        return await retrying(whole, f"{self.url(key)} (the whole object)", self.policy)
+
+    async def list(self, prefix: str) -> list[tuple[str, int]]:
+        """``(key, size)`` of every object whose key starts with ``prefix``, sorted by key."""
+        obstore = require()
+
+        async def listing() -> list[tuple[str, int]]:
+            found = []
+            async for chunk in obstore.list(self.store, prefix or None):
+                found.extend((meta["path"], int(meta["size"])) for meta in chunk)
+            return sorted(found)
+
+        return await retrying(listing, f"{self.url(prefix)}* (a listing)", self.policy)
+
+    async def read_range(self, key: str, start: int, end: int) -> bytes | memoryview:
+        """Bytes ``[start, end)``, retried until the deadline; a short answer is retried too."""
+        obstore = require()
+        what = f"{self.url(key)} bytes [{start}, {end})"
+
+        async def attempt() -> memoryview:
+            data = memoryview(await obstore.get_range_async(self.store, key, start=start, end=end))
+            if data.nbytes != end - start:
+                raise _Truncated(f"{data.nbytes} bytes came of the {end - start} asked")
+            return data
+
+        return await retrying(attempt, what, self.policy)
+
+
+class _Truncated(Exception):
+    """A response shorter than the range asked for (a dropped connection): retried."""
+
+
+def _permanent(error: BaseException) -> bool:
+    """Whether retrying cannot help: the object or bucket is missing, or access is refused."""
+    try:
+        from obstore.exceptions import (
+            NotFoundError,
+            PermissionDeniedError,
+            UnauthenticatedError,
+        )
+    except ImportError:  # pragma: no cover - obstore's exceptions module moved
+        return False
+    return isinstance(error, (NotFoundError, PermissionDeniedError, UnauthenticatedError))
+
+
+async def retrying(call: Callable[[], Awaitable[T]], what: str, policy: Policy) -> T:
+    """``await call()``, retried with exponential backoff and jitter until ``policy.deadline``.
+
+    Raises :class:`RemoteReadError` naming ``what`` (the object and range) with the last error,
+    at once for a missing object or a refused credential. Cancellation passes through.
+    """
+    first = time.monotonic()
+    wait = policy.backoff
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return await call()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - every failure of a request is retried
+            if _permanent(error):
+                raise RemoteReadError(f"cannot read {what}: {_describe(error)}") from None
+            elapsed = time.monotonic() - first
+            if elapsed + wait > policy.deadline:
+                raise RemoteReadError(
+                    f"cannot read {what}: still failing after {attempts} attempts over "
+                    f"{elapsed:.1f} s (deadline {policy.deadline:g} s): {_describe(error)}"
+                ) from None
+        await asyncio.sleep(wait * (0.5 + random.random() / 2))
+        wait = min(wait * 2, policy.max_backoff)
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"

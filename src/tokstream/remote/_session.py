@@ -1,0 +1,169 @@
+"""Range GETs for the windows a stream is about to read: ahead of time, coalesced, bounded.
+
+A :class:`Session` belongs to one :func:`tokstream.open_tokens` of a URL (its objects, clients
+and event loop). The stream hands it the byte ranges of upcoming windows (:meth:`Session.fetch`,
+which returns at once) and, just before a kernel call, the ranges of the batch it is about to
+copy (:meth:`Session.ensure`, which returns only when every one of those bytes is in memory, or
+raises). Ranges of one object that overlap or touch are fetched as one GET; at most
+``policy.max_in_flight`` GETs are in flight in the process. A range fetched ahead is not fetched
+again: :meth:`ensure` waits for the fetch already under way. Without a cache directory the
+session does not remember bytes beyond that (presence is tracked per requested range, until its
+batch consumes it); with one, the object's granule marks say what is cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from tokstream.remote._client import Client, Policy
+from tokstream.remote._loop import Loop
+from tokstream.remote._memory import GRANULE, ObjectBytes
+
+#: A requested range: (object, first byte, end byte).
+Request = tuple[ObjectBytes, int, int]
+
+#: Ranges fetched ahead but never consumed (a stream that jumped) are forgotten past this many.
+_MAX_PENDING = 1 << 20
+
+
+class Session:
+    """The clients, event loop and in-flight fetches of one remote corpus (module docstring)."""
+
+    def __init__(self, policy: Policy | None = None, cache_dir: str | None = None) -> None:
+        self.policy = policy or Policy()
+        self.cache_dir = cache_dir
+        self._loop = Loop()
+        self._clients: dict[str, Client] = {}
+        self._lock = threading.Lock()
+        # (object id, start, end) -> the future of the fetch that brings those bytes.
+        self._pending: dict[tuple[int, int, int], concurrent.futures.Future[None]] = {}
+        self._semaphores: dict[int, asyncio.Semaphore] = {}
+        #: Bytes and GETs fetched so far (ranges as sent, after coalescing).
+        self.bytes_fetched = 0
+        self.requests = 0
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Session, (self.policy, self.cache_dir))
+
+    def client(self, root: str) -> Client:
+        with self._lock:
+            client = self._clients.get(root)
+            if client is None:
+                client = self._clients[root] = Client(root, self.policy)
+            return client
+
+    def run(self, coroutine: Any) -> Any:
+        """Run a coroutine of this session's clients on its loop and wait for it."""
+        return self._loop.run(coroutine)
+
+    # ------------------------------------------------------------------ fetching
+
+    def fetch(self, requests: Iterable[Request]) -> None:
+        """Start fetching every range not yet present or under way; returns at once."""
+        self._schedule(requests)
+
+    def ensure(self, requests: Sequence[Request]) -> None:
+        """Return once the bytes of every range are in memory.
+
+        Raises :class:`~tokstream.remote._client.RemoteReadError` (naming the object and range)
+        when a fetch failed past its deadline; nothing is then reported present, so a later
+        call fetches again.
+        """
+        futures = self._schedule(requests)
+        if not futures:
+            return
+        concurrent.futures.wait(futures)
+        keys = [(id(obj), start, end) for obj, start, end in requests]
+        with self._lock:
+            for key in keys:
+                self._pending.pop(key, None)
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                raise error
+
+    def _schedule(self, requests: Iterable[Request]) -> list[concurrent.futures.Future[None]]:
+        """The futures the requested ranges wait on, after scheduling those not under way."""
+        waits: dict[int, concurrent.futures.Future[None]] = {}
+        keys: list[tuple[int, int, int]] = []
+        spans: list[Request] = []
+        with self._lock:
+            for obj, start, end in requests:
+                key = (id(obj), start, end)
+                future = self._pending.get(key)
+                if future is not None:
+                    waits[id(future)] = future
+                    continue
+                span = obj.missing(start, end)
+                if span is not None:
+                    keys.append(key)
+                    spans.append((obj, *span))
+        if spans:
+            future = self._loop.submit(self._fetch_all(coalesce(spans)))
+            with self._lock:
+                if len(self._pending) > _MAX_PENDING:
+                    self._pending = {k: f for k, f in self._pending.items() if not f.done()}
+                for key in keys:
+                    self._pending[key] = future
+            waits[id(future)] = future
+        return list(waits.values())
+
+    async def _fetch_all(self, ranges: list[Request]) -> None:
+        results = await asyncio.gather(
+            *(self._fetch_one(*request) for request in ranges), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _fetch_one(self, obj: ObjectBytes, start: int, end: int) -> None:
+        loop_id = id(asyncio.get_running_loop())
+        semaphore = self._semaphores.get(loop_id)
+        if semaphore is None:
+            semaphore = self._semaphores[loop_id] = asyncio.Semaphore(self.policy.max_in_flight)
+        async with semaphore:
+            data = await self.client(obj.root).read_range(obj.key, start, end)
+        obj.write(start, data)
+        self.bytes_fetched += end - start
+        self.requests += 1
+
+    def close(self) -> None:
+        """Cancel the fetches in flight, end the loop's thread and drop every connection.
+
+        A later :meth:`fetch` or :meth:`ensure` starts them again.
+        """
+        self._loop.close()
+        with self._lock:
+            self._pending.clear()
+            self._semaphores.clear()
+            for client in self._clients.values():
+                client.close()
+
+
+def coalesce(requests: Iterable[Request]) -> list[Request]:
+    """The ranges of each object with every overlapping or touching pair merged, sorted.
+
+    With a cache, ranges are widened to whole granules first (so that the granules they fill
+    can be marked present).
+    """
+    by_object: dict[int, tuple[ObjectBytes, list[tuple[int, int]]]] = {}
+    for obj, start, end in requests:
+        if obj.filled is not None:
+            start, end = start // GRANULE * GRANULE, min(-(-end // GRANULE) * GRANULE, obj.size)
+        by_object.setdefault(id(obj), (obj, []))[1].append((start, end))
+    merged: list[Request] = []
+    for obj, spans in by_object.values():
+        spans.sort()
+        low, high = spans[0]
+        for start, end in spans[1:]:
+            if start <= high:
+                high = max(high, end)
+            else:
+                merged.append((obj, low, high))
+                low, high = start, end
+        merged.append((obj, low, high))
+    return merged
