@@ -32,6 +32,7 @@ from tokstream._kernels.pack import fill_packed
 from tokstream._options import StreamOptions
 from tokstream._packed import PackedMixtureSpace, PackedSpace
 from tokstream._space import WindowSpace, cache_ahead
+from tokstream.remote._resident import Residency
 
 #: A batch: ``(windows, targets)``, or with extras a dict of arrays (and ``"max_seqlen"``, an
 #: int, beside ``"cu_seqlens"``).
@@ -153,6 +154,9 @@ class WindowFill:
         )
         self._one_shard = space.one_shard
         self._refuse = _OutsideOutDtype(dtype, options.out_dtype)
+        # Remote shards: each batch's windows are fetched into memory before a kernel reads them.
+        self.residency = Residency.of(space.corpus.shards)
+        self._window_bytes = (space.block + 1) * dtype.itemsize
 
     def __call__(
         self,
@@ -178,6 +182,8 @@ class WindowFill:
         documents = not (position_ids is None and label_continues is None and document_ids is None)
         if self._one_shard is not None and not documents:
             # One segment in one shard: the kernel maps indices to first tokens itself.
+            if self.residency is not None:
+                self.residency.ensure_windows(self.space, windows_index)
             shard, stride, base = self._one_shard
             if not self._gather_windows(
                 shard, windows_index, windows, next_tokens, targets, self._cache_ahead, stride, base
@@ -187,6 +193,8 @@ class WindowFill:
         starts, addresses, readable = self.space.locate(windows_index)
         # The addresses are valid until readable is released (shards read on demand).
         with readable:
+            if self.residency is not None:
+                self.residency.ensure_at(addresses, self._window_bytes)
             if not documents:
                 if not self._gather_at(
                     self._anchor, addresses, windows, next_tokens, targets, self._cache_ahead
@@ -230,6 +238,7 @@ class PackedFill:
         # Selects the kernel's specialisation only; the pieces are read from their addresses.
         self._anchor = np.empty(0, dtype)
         self._refuse = _OutsideOutDtype(dtype, options.out_dtype)
+        self.residency = Residency.of(space.corpus.shards)
 
     def __call__(
         self,
@@ -250,6 +259,8 @@ class PackedFill:
         runs = self.space.row_runs(windows_index)
         for first, rows, (row_offsets, addresses, lengths), readable in runs:
             with readable:  # the pieces' addresses are valid until it is released
+                if self.residency is not None:
+                    self.residency.ensure_pieces(rows, row_offsets, addresses, lengths)
                 fitted = self._fill_packed(
                     self._anchor,
                     addresses,

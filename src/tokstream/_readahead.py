@@ -22,10 +22,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tokstream._kernels import advice
+
 if TYPE_CHECKING:
+    from tokstream._options import StreamOptions
     from tokstream._order import WindowOrder
     from tokstream._space import WindowSpace
     from tokstream._state import Cursor
+    from tokstream.remote._resident import Residency
 
 #: Windows whose reads are kept in flight ahead of the batch being copied (at least one batch):
 #: enough to fill a device's queue, few enough that little is read for nothing if the stream
@@ -112,3 +116,29 @@ class ReadAhead:
             self._resident_streak = 0
         else:
             self._resident_streak += 1
+
+
+#: Windows whose range GETs a stream over a remote corpus keeps in flight ahead of the batch
+#: being copied: object stores answer in tens of milliseconds, but many requests at once.
+REMOTE_WINDOWS_AHEAD = 1024
+
+
+def read_ahead(
+    order: WindowOrder, space: WindowSpace, options: StreamOptions, residency: Residency | None
+) -> ReadAhead | None:
+    """A stream's read-ahead, or None.
+
+    Random windows of a memory-mapped corpus are read ahead; sequential ones are left to the
+    OS's own read-ahead (``MADV_SEQUENTIAL``), arrays in RAM need none. Every window of a
+    remote corpus is fetched ahead (``residency``, :mod:`tokstream.remote`). Packed rows are
+    not read ahead.
+    """
+    if options.windows == "packed":
+        return None
+    if residency is not None:
+        ahead = ReadAhead(order, residency.advisor(space), options.batch_size)  # type: ignore[arg-type]
+        ahead.depth = max(1, -(-REMOTE_WINDOWS_AHEAD // options.batch_size))
+        return ahead
+    if options.shuffle and advice.AVAILABLE and next(space.corpus.memory_maps(), None):
+        return ReadAhead(order, space, options.batch_size)
+    return None

@@ -23,6 +23,8 @@ from tokstream._arrays import read_only as _read_only
 from tokstream._filemap import FileMap, MappedFiles, file_map_of
 from tokstream._shardsource import LazyShards, ShardSource
 from tokstream._windowing import covered_tokens, cumulative, windows_per_segment
+from tokstream.remote._memory import remote_tokens_of
+from tokstream.remote._resident import present
 
 #: A stream with ``eos=`` that does not scan every token anyway (``windows="within"`` does)
 #: looks for the token in at most this many tokens: all of a smaller corpus, else
@@ -281,13 +283,14 @@ class Corpus:
     def __getstate__(self) -> dict[str, Any]:
         # A shard mapped from a token file (by open_tokens, np.memmap, pyarrow) travels as its
         # file, offset and dtype, and is mapped again where it is unpickled (a spawned
-        # DataLoader worker), instead of as a copy.
+        # DataLoader worker), instead of as a copy; a remote shard as its object's URL.
         state = self.__dict__.copy()
         if self._source is not None:
             return state  # the source pickles as its table of contents
         files = MappedFiles()
         state["_shards"] = tuple(
-            file_map_of(shard) or files.region(shard) or shard for shard in self._shards
+            file_map_of(shard) or remote_tokens_of(shard) or files.region(shard) or shard
+            for shard in self._shards
         )
         return state
 
@@ -334,6 +337,7 @@ class Corpus:
         """
         after_eos = []
         for shard, base in zip(self._shards, self.shard_starts, strict=True):
+            present(shard)
             done = 0
             for chunk in _validate.chunks(shard):
                 after_eos.append(np.flatnonzero(chunk == eos) + (int(base) + done + 1))
@@ -411,7 +415,7 @@ class Corpus:
             while first < last and shard < len(self._shards):
                 local = first - int(starts[shard])
                 take = min(last - first, int(self._lengths[shard]) - local)
-                piece = self._shards[shard][local : local + take]
+                piece = present(self._shards[shard], local, local + take)
                 found += int(np.count_nonzero(piece == eos))
                 first += max(take, 0)
                 shard += 1

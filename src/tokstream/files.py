@@ -43,6 +43,7 @@ from tokstream.corpus import Corpus
 from tokstream.formats import arrow, detect, llmc, megatron, npy, raw, tokenized
 from tokstream.formats._common import PathLike, Shard, atomic_writer, existing_file, output_path
 from tokstream.formats.writer import TokenFileWriter
+from tokstream.remote._resident import present
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ def open_tokens(
     format: str | None = None,
     column: str = arrow.DEFAULT_COLUMN,
     max_open_maps: int | None = None,
+    remote: Any = None,
 ) -> Corpus:
     """Open token files (or an in-memory Arrow table) as a read-only corpus, without copying.
 
@@ -159,6 +161,11 @@ def open_tokens(
     max_open_maps
         For a manifest: how many shard maps stay open at most (default 1024; the least
         recently used is unmapped first, never while a batch reads it).
+    remote
+        For URLs of object storage (``s3://``, ``gs://``, ``az://``, ``http(s)://``: a file,
+        a pattern, a Megatron prefix, a ``tokstream tokenize`` directory, or a list of them):
+        a :class:`tokstream.remote.RemoteOptions` (requests in flight, retry deadline, a local
+        cache directory); None takes the defaults. Needs the ``remote`` extra (obstore).
 
     Returns
     -------
@@ -188,6 +195,11 @@ def open_tokens(
     if not isinstance(column, str):
         raise TypeError(f"column must be a str, got {type(column).__name__}")
     want = None if dtype is None else _validate.integer_dtype(dtype, "dtype")
+    if remote_urls(path_or_paths_or_glob):
+        from tokstream.remote import _open
+
+        shards = _open.open_remote(path_or_paths_or_glob, want, format, _open.options(remote))
+        return _corpus(shards, want, "token files")
     listed = manifest.find(path_or_paths_or_glob)
     if listed is not None:
         if format is not None:
@@ -205,6 +217,15 @@ def open_tokens(
         for shard in _open_one(path, want, format, column)
     ]
     return _corpus(shards, want, "token files")
+
+
+def remote_urls(spec: Any) -> bool:
+    """Whether ``spec`` names objects in object storage: a URL, or a list of URLs only."""
+    from tokstream.remote import is_url
+
+    if isinstance(spec, (list, tuple)) and spec and all(is_url(item) for item in spec):
+        return True
+    return is_url(spec)
 
 
 def _corpus(shards: list[Shard], want: np.dtype | None, name: str) -> Corpus:
@@ -426,7 +447,7 @@ def _tokens_and_documents(ids: Any) -> tuple[list[np.ndarray], np.ndarray | None
     """
     if not isinstance(ids, Corpus):
         return [_validate.token_array(ids, "ids")], None
-    arrays = list(ids.shards)
+    arrays = [present(shard) for shard in ids.shards]  # remote shards fetched whole
     if ids.has_documents or len(arrays) > 1:
         return arrays, np.asarray(ids.document_boundaries, dtype=np.int64)
     return arrays, None

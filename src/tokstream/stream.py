@@ -20,11 +20,10 @@ import numpy as np
 
 from tokstream import _batch, _state, _validate
 from tokstream._batch import Batch
-from tokstream._kernels import advice
 from tokstream._options import StreamOptions, expose_options, stream_signature
 from tokstream._packed import PackedMixtureSpace, PackedSpace, packed_parts
 from tokstream._prefetch import Prefetcher
-from tokstream._readahead import ReadAhead
+from tokstream._readahead import read_ahead
 from tokstream._space import WindowSpace, window_space
 from tokstream._state import Cursor
 from tokstream.corpus import Corpus
@@ -83,16 +82,7 @@ class TokenStream(Iterator[Batch]):
             self._order = window_order(source, self._space, options)
         self._fill = _batch.filler(self._space, options)
         corpus.advise(options.shuffle)
-        # Random windows of a memory-mapped corpus are read ahead; sequential ones are left to
-        # the OS's own read-ahead (MADV_SEQUENTIAL), arrays in RAM need none.
-        self._readahead = (
-            ReadAhead(self._order, self._space, options.batch_size)
-            if options.shuffle
-            and not packed
-            and advice.AVAILABLE
-            and next(corpus.memory_maps(), None)
-            else None
-        )
+        self._readahead = read_ahead(self._order, self._space, options, self._fill.residency)
         self._lock = threading.Lock()
         self._closed = False
         self._cursor = self._order.first_cursor()
@@ -277,6 +267,8 @@ class TokenStream(Iterator[Batch]):
         """Free the epoch's order, the fresh buffers and the read-ahead plan (under the lock)."""
         self._order.release()
         self._fresh.clear()
+        if self._fill.residency is not None:  # no fetch in flight, no thread, no connection
+            self._fill.residency.close()
         if self._readahead is not None:
             self._readahead.reset()
 

@@ -30,7 +30,13 @@ class Shard(NamedTuple):
 
 def check_size(path: Path, offset: int, count: int, dtype: np.dtype, source: str) -> None:
     """The file at ``path`` must be exactly ``offset`` bytes plus ``count`` items of ``dtype``."""
-    size = path.stat().st_size
+    check_length(str(path), path.stat().st_size, offset, count, dtype, source)
+
+
+def check_length(
+    path: str, size: int, offset: int, count: int, dtype: np.dtype, source: str
+) -> None:
+    """:func:`check_size` of a file (or object) named ``path`` that holds ``size`` bytes."""
     expected = offset + count * dtype.itemsize
     if size < expected:
         raise ValueError(

@@ -16,11 +16,15 @@ DEFAULT_DTYPE = np.dtype(np.uint16)
 
 def read(path: Path, dtype: np.dtype) -> np.ndarray:
     """Map the whole file as ``dtype`` tokens; its size must be a multiple of the item size."""
-    size = path.stat().st_size
+    return map_tokens(path, dtype, 0, token_count(str(path), path.stat().st_size, dtype))
+
+
+def token_count(path: str, size: int, dtype: np.dtype) -> int:
+    """Tokens of ``dtype`` in ``size`` bytes; ValueError naming ``path`` when they do not fit."""
     count, extra = divmod(size, dtype.itemsize)
     if extra:
         raise ValueError(
             f"token file {path}: raw size {size} bytes is not a multiple of {dtype}'s "
             f"{dtype.itemsize} bytes ({extra} trailing bytes); wrong dtype or a truncated file?"
         )
-    return map_tokens(path, dtype, 0, count)
+    return count

@@ -5,7 +5,7 @@ from the URL's scheme and bucket (``s3://bucket``, ``gs://bucket``, ``az://conta
 ``https://host``) and takes its credentials and endpoint from the client's standard environment
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_REGION``, ``GOOGLE_SERVICE_ACCOUNT``,
 ``AZURE_STORAGE_ACCOUNT_NAME``, ...). The store's own retries are off: every request here is
-retried by :func:`retrying`, with backoff, until :attr:`Policy.deadline` seconds have passed
+retried by :func:`retrying`, with backoff, until :attr:`RemoteOptions.deadline` seconds have passed
 since its first attempt, and a request that still fails is a :class:`RemoteReadError` naming the
 object and the byte range.
 """
@@ -28,17 +28,34 @@ T = TypeVar("T")
 
 class RemoteReadError(OSError):
     """A request to an object store failed for longer than the deadline allows (or for good:
-    a missing object, a refused credential). The message names the object and the byte range."""
+    a refused credential). The message names the object and the byte range."""
+
+
+class RemoteNotFoundError(RemoteReadError, FileNotFoundError):
+    """The object (or bucket) does not exist; ``.filename`` is its URL."""
 
 
 @dataclass(frozen=True)
-class Policy:
-    """How requests are made: how many at once, how long each may take, how long to keep trying.
+class RemoteOptions:
+    """How a remote corpus is read: requests in flight, time limits, an optional local cache.
 
-    ``max_in_flight``: range GETs in flight at once per process. ``timeout``: seconds one
-    attempt may take. ``deadline``: seconds after a request's first attempt after which it is
-    no longer retried but fails. ``backoff``: the first retry's wait in seconds, doubled each
-    retry (with jitter) up to ``max_backoff``.
+    Parameters
+    ----------
+    max_in_flight
+        Range GETs in flight at once, per corpus and process.
+    timeout
+        Seconds one attempt of a request may take.
+    deadline
+        Seconds after a request's first attempt after which it is no longer retried: the read
+        fails with a :class:`RemoteReadError` naming the object and byte range.
+    backoff, max_backoff
+        The first retry's wait in seconds, doubled (with jitter) each retry up to the second.
+    cache_dir
+        A directory for the bytes fetched, kept for later epochs and runs (and shared by the
+        DataLoader workers of one machine): one sparse file per object, the size of the
+        object, plus its index files. Nothing is written anywhere else. None (the default):
+        the fetched bytes are held in anonymous memory, so a corpus must fit in the memory
+        available.
     """
 
     max_in_flight: int = 64
@@ -46,6 +63,7 @@ class Policy:
     deadline: float = 60.0
     backoff: float = 0.05
     max_backoff: float = 2.0
+    cache_dir: str | None = None
 
 
 def require() -> Any:
@@ -59,10 +77,10 @@ def require() -> Any:
     return obstore
 
 
-def _store_config(root: str, policy: Policy) -> dict[str, Any]:
+def _store_config(root: str, options: RemoteOptions) -> dict[str, Any]:
     """The store's settings beyond the environment's: our timeout, and no retries of its own."""
     config: dict[str, Any] = {
-        "client_options": {"timeout": timedelta(seconds=policy.timeout)},
+        "client_options": {"timeout": timedelta(seconds=options.timeout)},
         "retry_config": {"max_retries": 0},
     }
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
@@ -82,12 +100,12 @@ class Client:
     Picklable: a spawned worker makes its own store from the same root and the environment.
     """
 
-    def __init__(self, root: str, policy: Policy) -> None:
-        self.root, self.policy = root, policy
+    def __init__(self, root: str, options: RemoteOptions) -> None:
+        self.root, self.options = root, options
         self._store: Any = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Client, (self.root, self.policy))
+        return (Client, (self.root, self.options))
 
     @property
     def store(self) -> Any:
@@ -95,7 +113,7 @@ class Client:
             require()
             from obstore.store import from_url
 
-            self._store = from_url(self.root, **_store_config(self.root, self.policy))
+            self._store = from_url(self.root, **_store_config(self.root, self.options))
         return self._store
 
     def close(self) -> None:
@@ -108,7 +126,7 @@ class Client:
         """The object's size in bytes and its ETag (None when the store gives none)."""
         obstore = require()
         meta = await retrying(
-            lambda: obstore.head_async(self.store, key), f"{self.url(key)} (its size)", self.policy
+            lambda: obstore.head_async(self.store, key), f"{self.url(key)} (its size)", self.options
         )
         return int(meta["size"]), meta.get("e_tag")
 
@@ -120,19 +138,19 @@ class Client:
             result = await obstore.get_async(self.store, key)
             return bytes(await result.bytes_async())
 
-        return await retrying(whole, f"{self.url(key)} (the whole object)", self.policy)
+        return await retrying(whole, f"{self.url(key)} (the whole object)", self.options)
 
-    async def list(self, prefix: str) -> list[tuple[str, int]]:
-        """``(key, size)`` of every object whose key starts with ``prefix``, sorted by key."""
+    async def list(self, prefix: str) -> list[tuple[str, int, str | None]]:
+        """``(key, size, etag)`` of every object whose key starts with ``prefix``, by key."""
         obstore = require()
 
-        async def listing() -> list[tuple[str, int]]:
+        async def listing() -> list[tuple[str, int, str | None]]:
             found = []
             async for chunk in obstore.list(self.store, prefix or None):
-                found.extend((meta["path"], int(meta["size"])) for meta in chunk)
+                found.extend((meta["path"], int(meta["size"]), meta.get("e_tag")) for meta in chunk)
             return sorted(found)
 
-        return await retrying(listing, f"{self.url(prefix)}* (a listing)", self.policy)
+        return await retrying(listing, f"{self.url(prefix)}* (a listing)", self.options)
 
     async def read_range(self, key: str, start: int, end: int) -> bytes | memoryview:
         """Bytes ``[start, end)``, retried until the deadline; a short answer is retried too."""
@@ -145,34 +163,44 @@ class Client:
                 raise _Truncated(f"{data.nbytes} bytes came of the {end - start} asked")
             return data
 
-        return await retrying(attempt, what, self.policy)
+        return await retrying(attempt, what, self.options)
 
 
 class _Truncated(Exception):
     """A response shorter than the range asked for (a dropped connection): retried."""
 
 
+def _not_found(error: BaseException) -> bool:
+    from obstore.exceptions import NotFoundError
+
+    return isinstance(error, NotFoundError) or isinstance(error, FileNotFoundError)
+
+
 def _permanent(error: BaseException) -> bool:
-    """Whether retrying cannot help: the object or bucket is missing, or access is refused."""
-    try:
-        from obstore.exceptions import (
-            NotFoundError,
-            PermissionDeniedError,
-            UnauthenticatedError,
-        )
-    except ImportError:  # pragma: no cover - obstore's exceptions module moved
-        return False
-    return isinstance(error, (NotFoundError, PermissionDeniedError, UnauthenticatedError))
+    """Whether retrying cannot help: access is refused, or the request is malformed."""
+    from obstore import exceptions
+
+    return isinstance(
+        error,
+        (
+            exceptions.PermissionDeniedError,
+            exceptions.UnauthenticatedError,
+            exceptions.InvalidPathError,
+            exceptions.NotSupportedError,
+            exceptions.UnknownConfigurationKeyError,
+            exceptions.PreconditionError,
+        ),
+    )
 
 
-async def retrying(call: Callable[[], Awaitable[T]], what: str, policy: Policy) -> T:
-    """``await call()``, retried with exponential backoff and jitter until ``policy.deadline``.
+async def retrying(call: Callable[[], Awaitable[T]], what: str, options: RemoteOptions) -> T:
+    """``await call()``, retried with exponential backoff and jitter until ``options.deadline``.
 
     Raises :class:`RemoteReadError` naming ``what`` (the object and range) with the last error,
     at once for a missing object or a refused credential. Cancellation passes through.
     """
     first = time.monotonic()
-    wait = policy.backoff
+    wait = options.backoff
     attempts = 0
     while True:
         attempts += 1
@@ -181,16 +209,18 @@ async def retrying(call: Callable[[], Awaitable[T]], what: str, policy: Policy) 
         except asyncio.CancelledError:
             raise
         except Exception as error:  # noqa: BLE001 - every failure of a request is retried
+            if _not_found(error):
+                raise RemoteNotFoundError(2, "object not found", what) from None
             if _permanent(error):
                 raise RemoteReadError(f"cannot read {what}: {_describe(error)}") from None
             elapsed = time.monotonic() - first
-            if elapsed + wait > policy.deadline:
+            if elapsed + wait > options.deadline:
                 raise RemoteReadError(
                     f"cannot read {what}: still failing after {attempts} attempts over "
-                    f"{elapsed:.1f} s (deadline {policy.deadline:g} s): {_describe(error)}"
+                    f"{elapsed:.1f} s (deadline {options.deadline:g} s): {_describe(error)}"
                 ) from None
         await asyncio.sleep(wait * (0.5 + random.random() / 2))
-        wait = min(wait * 2, policy.max_backoff)
+        wait = min(wait * 2, options.max_backoff)
 
 
 def _describe(error: BaseException) -> str:

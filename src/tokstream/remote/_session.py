@@ -5,7 +5,7 @@ and event loop). The stream hands it the byte ranges of upcoming windows (:meth:
 which returns at once) and, just before a kernel call, the ranges of the batch it is about to
 copy (:meth:`Session.ensure`, which returns only when every one of those bytes is in memory, or
 raises). Ranges of one object that overlap or touch are fetched as one GET; at most
-``policy.max_in_flight`` GETs are in flight in the process. A range fetched ahead is not fetched
+``options.max_in_flight`` GETs are in flight in the process. A range fetched ahead is not fetched
 again: :meth:`ensure` waits for the fetch already under way. Without a cache directory the
 session does not remember bytes beyond that (presence is tracked per requested range, until its
 batch consumes it); with one, the object's granule marks say what is cached.
@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tokstream.remote._client import Client, Policy
+from tokstream.remote._client import Client, RemoteOptions
 from tokstream.remote._loop import Loop
 from tokstream.remote._memory import GRANULE, ObjectBytes
 
@@ -33,9 +33,9 @@ _MAX_PENDING = 1 << 20
 class Session:
     """The clients, event loop and in-flight fetches of one remote corpus (module docstring)."""
 
-    def __init__(self, policy: Policy | None = None, cache_dir: str | None = None) -> None:
-        self.policy = policy or Policy()
-        self.cache_dir = cache_dir
+    def __init__(self, options: RemoteOptions) -> None:
+        self.options = options
+        self.cache_dir = options.cache_dir
         self._loop = Loop()
         self._clients: dict[str, Client] = {}
         self._lock = threading.Lock()
@@ -47,13 +47,13 @@ class Session:
         self.requests = 0
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Session, (self.policy, self.cache_dir))
+        return (Session, (self.options,))
 
     def client(self, root: str) -> Client:
         with self._lock:
             client = self._clients.get(root)
             if client is None:
-                client = self._clients[root] = Client(root, self.policy)
+                client = self._clients[root] = Client(root, self.options)
             return client
 
     def run(self, coroutine: Any) -> Any:
@@ -124,7 +124,7 @@ class Session:
         loop_id = id(asyncio.get_running_loop())
         semaphore = self._semaphores.get(loop_id)
         if semaphore is None:
-            semaphore = self._semaphores[loop_id] = asyncio.Semaphore(self.policy.max_in_flight)
+            semaphore = self._semaphores[loop_id] = asyncio.Semaphore(self.options.max_in_flight)
         async with semaphore:
             data = await self.client(obj.root).read_range(obj.key, start, end)
         obj.write(start, data)

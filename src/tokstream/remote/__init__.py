@@ -1,0 +1,19 @@
+"""Token files in object storage: ``open_tokens("s3://bucket/prefix/*.bin")`` and its peers.
+
+``s3://``, ``gs://``, ``az://`` and ``http(s)://`` URLs (a file, a pattern, a Megatron prefix,
+a ``tokstream tokenize`` directory, or a list of them) open as a :class:`~tokstream.Corpus` of
+the same shards and documents as the same files on disk, through obstore (the ``remote`` extra:
+``pip install 'tokstream[remote]'``), with credentials and endpoints from the client's standard
+environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...). Opening reads headers and indexes
+only. A stream over such a corpus fetches the byte ranges of its upcoming windows with
+concurrent range GETs, ahead of the batches that read them, and every batch holds the same
+windows as from local files: each window's bytes are in memory before the kernel copies it.
+:class:`RemoteOptions` sets the requests in flight, the retry deadline and a local cache.
+"""
+
+from __future__ import annotations
+
+from tokstream.remote._client import RemoteNotFoundError, RemoteOptions, RemoteReadError
+from tokstream.remote._open import is_url
+
+__all__ = ["RemoteNotFoundError", "RemoteOptions", "RemoteReadError", "is_url"]

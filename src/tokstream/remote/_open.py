@@ -1,0 +1,276 @@
+"""Opening token files in object storage: URLs, patterns, headers and indexes.
+
+The same formats and the same rules as local files (:mod:`tokstream.formats`): each file's
+format is told by its first and last bytes, headers and indexes are checked by the readers'
+own functions, and every shard is the object's tokens at the offset its header gives. Opening
+reads only headers (a range GET of the first few KiB and of the last bytes), Megatron indexes,
+``tokstream tokenize`` manifests and document offsets (whole), all objects at once on the
+session's loop; the tokens are fetched when a stream's windows need them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import hashlib
+import io
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokstream.formats import detect, llmc, megatron, npy, raw, tokenized
+from tokstream.formats._common import Shard, check_length, check_offsets
+from tokstream.remote._client import Client, RemoteNotFoundError, RemoteOptions
+from tokstream.remote._memory import ObjectBytes, tokens_array
+from tokstream.remote._session import Session
+
+#: URL schemes read from object storage (obstore's: S3, Google Cloud Storage, Azure, HTTP).
+SCHEMES = ("s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https")
+_URL = re.compile(r"^(?:" + "|".join(SCHEMES) + r")://[^/]+", re.IGNORECASE)
+#: Bytes of each file read at open: enough for every header tokstream reads (a .npy header of
+#: a 1-D array is 128 bytes; llm.c's 1024).
+HEAD_BYTES = 4096
+GLOB_CHARS = frozenset("*?[")
+
+
+def is_url(spec: Any) -> bool:
+    """Whether ``spec`` is a URL of object storage (``s3://``, ``gs://``, ``az://``, ...)."""
+    return isinstance(spec, str) and _URL.match(spec) is not None
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(root, key)``: ``s3://bucket/a/b.bin`` is ``("s3://bucket", "a/b.bin")``."""
+    match = _URL.match(url)
+    if match is None:
+        raise ValueError(f"{url!r} is not a URL of object storage ({', '.join(SCHEMES)})")
+    return match.group(0), url[match.end() :].lstrip("/")
+
+
+def open_remote(
+    spec: str | Sequence[str], want: np.dtype | None, format: str | None, options: RemoteOptions
+) -> list[Shard]:
+    """The shards of a URL, a pattern of one or a list of URLs (see :func:`open_tokens`)."""
+    if options.cache_dir is not None and not os.path.isdir(options.cache_dir):
+        raise ValueError(f"cache_dir {options.cache_dir!r} is not a directory")
+    session = Session(options)
+    urls = [spec] if isinstance(spec, str) else list(spec)
+    if format == "arrow":
+        raise ValueError("Arrow files are not read from object storage; convert them first")
+
+    async def everything() -> list[Shard]:
+        entries = []
+        for url in urls:
+            entries.extend(await _expand(session, url))
+        semaphore = asyncio.Semaphore(options.max_in_flight)
+
+        async def bounded(entry: tuple[str, str, int | None, str | None]) -> list[Shard]:
+            async with semaphore:
+                return await _open_entry(session, *entry, want=want, format=format)
+
+        opened = await asyncio.gather(*(bounded(entry) for entry in entries))
+        return [shard for shards in opened for shard in shards]
+
+    try:
+        return session.run(everything())
+    finally:
+        # Opening leaves no thread or connection behind; the first fetch starts them again.
+        session.close()
+
+
+async def _expand(session: Session, url: str) -> list[tuple[str, str, int | None, str | None]]:
+    """``(root, key, size or None, etag or None)`` of each object or dataset ``url`` names.
+
+    A pattern (``*``, ``?``, ``[`` in the key) lists the objects under its fixed prefix and
+    keeps those matching it segment by segment (``*`` stays within one ``/`` segment), sorted;
+    a Megatron pair counts once (as its ``.bin``) and a tokenize directory's document offsets
+    are left out. Anything else is one entry, resolved when opened.
+    """
+    root, key = split_url(url)
+    if not GLOB_CHARS & set(key):
+        return [(root, key, None, None)]
+    client = session.client(root)
+    fixed = re.split(r"[*?\[]", key, maxsplit=1)[0]
+    parts = key.split("/")
+    listed = await client.list(fixed)
+    names = {name for name, _, _ in listed}
+    found = []
+    for name, size, etag in listed:
+        segments = name.split("/")
+        if len(segments) != len(parts) or not all(
+            fnmatch.fnmatchcase(segment, part)
+            for segment, part in zip(segments, parts, strict=True)
+        ):
+            continue
+        if name.endswith(".idx") and name[:-4] + ".bin" in names:
+            continue  # a Megatron pair counts once, as its .bin
+        folder, _, base = name.rpartition("/")
+        if (
+            re.fullmatch(r"shard_\d+\.documents\.npy", base)
+            and (f"{folder}/{tokenized.MANIFEST}" if folder else tokenized.MANIFEST) in names
+        ):
+            continue  # a tokenize directory's document offsets, not tokens
+        found.append((root, name, size, etag))
+    if not found:
+        raise ValueError(f"token file pattern {url!r} matched no objects")
+    return found
+
+
+async def _open_entry(
+    session: Session,
+    root: str,
+    key: str,
+    size: int | None,
+    etag: str | None,
+    *,
+    want: np.dtype | None,
+    format: str | None,
+) -> list[Shard]:
+    client = session.client(root)
+    url = client.url(key)
+    directory = key.rstrip("/")
+    if size is None:
+        try:
+            size, etag = await client.size(key)
+        except RemoteNotFoundError:
+            # A tokenize directory, or a Megatron prefix.
+            try:
+                manifest = await _whole(session, client, f"{directory}/{tokenized.MANIFEST}")
+            except RemoteNotFoundError:
+                manifest = None
+            if manifest is not None:
+                return await _open_tokenized(session, client, directory, manifest, format)
+            try:
+                return [await _open_megatron(session, client, directory)]
+            except RemoteNotFoundError:
+                raise RemoteNotFoundError(2, "token file not found", url) from None
+    head = await client.read_range(key, 0, min(size, HEAD_BYTES)) if size else b""
+    head = bytes(head)
+    tail_start = max(size - detect.tail_bytes(head), 0)
+    tail = bytes(await client.read_range(key, tail_start, size)) if size else b""
+    if format == "bin":
+        found = "bin"
+    else:
+        beside = key.endswith(".bin") and await _exists(client, key[:-4] + ".idx")
+        found = detect.classify(head[: detect.HEAD_BYTES], tail, size, url, lambda: beside)
+        if format is not None and format != found:
+            raise ValueError(
+                f"token file {url}: bad magic: format={format!r} was asked, the object's first "
+                f"bytes say {found!r}"
+            )
+    if found == "megatron":
+        return [await _open_megatron(session, client, megatron.prefix(key).as_posix())]
+    if found == "arrow":
+        raise ValueError(f"token file {url}: Arrow files are not read from object storage")
+    obj = ObjectBytes(session, root, key, size, etag)
+    if found == "npy":
+        dtype, count, offset = npy.parse_header(io.BytesIO(head), f"token file {url}")
+        check_length(url, size, offset, count, dtype, "its .npy header")
+    elif found == "llmc":
+        dtype, count = llmc.parse_header(head[: llmc.HEADER_BYTES], f"token file {url}")
+        offset = llmc.HEADER_BYTES
+        check_length(url, size, offset, count, dtype, "its llm.c header")
+    else:
+        dtype = raw.DEFAULT_DTYPE if want is None else want
+        offset, count = 0, raw.token_count(url, size, dtype)
+    return [Shard(_tokens(obj, offset, dtype, count), None, url)]
+
+
+def _tokens(obj: ObjectBytes, offset: int, dtype: np.dtype, count: int) -> np.ndarray:
+    if not dtype.isnative:
+        raise ValueError(
+            f"token file {obj.url} holds byte-swapped {dtype} tokens, which would have to be "
+            "read whole to be converted; rewrite it in little-endian order"
+        )
+    if dtype.kind == "u" and dtype.itemsize == 8:
+        # A uint64 file is checked value by value for ids beyond int64: the whole object.
+        raise ValueError(
+            f"token file {obj.url} holds uint64 tokens, which would have to be read whole to "
+            "be checked; store them as int64 (or narrower)"
+        )
+    return tokens_array(obj, offset, dtype, count)
+
+
+async def _exists(client: Client, key: str) -> bool:
+    try:
+        await client.size(key)
+    except RemoteNotFoundError:
+        return False
+    return True
+
+
+async def _whole(session: Session, client: Client, key: str) -> bytes:
+    """A whole small object (an index, a manifest, document offsets), from the cache directory
+    when an earlier run saved the same version of it there."""
+    size, etag = await client.size(key)
+    cache = session.cache_dir
+    path = None
+    if cache is not None:
+        name = hashlib.sha256(f"{client.url(key)}\n{size}\n{etag}".encode()).hexdigest()[:32]
+        path = Path(cache) / f"{name}.whole"
+        if path.is_file() and path.stat().st_size == size:
+            return path.read_bytes()
+    data = await client.read(key)
+    if path is not None:
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
+    return data
+
+
+async def _open_megatron(session: Session, client: Client, prefix: str) -> Shard:
+    index_key, bin_key = prefix + ".idx", prefix + ".bin"
+    where = f"token file {client.url(index_key)}"
+    index = await _whole(session, client, index_key)
+    dtype, total, offsets = megatron.parse_index(np.frombuffer(index, np.uint8), where)
+    size, etag = await client.size(bin_key)
+    megatron.check_tokens_size(size, total, dtype, client.url(bin_key), index_key.rsplit("/")[-1])
+    obj = ObjectBytes(session, client.root, bin_key, size, etag)
+    return Shard(_tokens(obj, 0, dtype, total), offsets, client.url(bin_key))
+
+
+async def _open_tokenized(
+    session: Session, client: Client, directory: str, manifest_bytes: bytes, format: str | None
+) -> list[Shard]:
+    where = f"token file {client.url(directory)}/{tokenized.MANIFEST}"
+    manifest = tokenized.parse(manifest_bytes, where)
+    found = manifest["format"]
+    if format is not None and format != found:
+        raise ValueError(
+            f"token file {client.url(directory)}: format={format!r} was asked, it holds {found!r}"
+        )
+    dtype_wanted = tokenized.manifest_dtype(manifest, where)
+    shards: dict[int, Shard] = {}
+
+    async def one(index: int) -> None:
+        name = f"{directory}/{tokenized.shard_file(index, found)}"
+        if found == "megatron":
+            shard = await _open_megatron(session, client, name)
+            shards[index] = Shard(shard.tokens, shard.document_offsets, client.url(name))
+            return
+        opened = await _open_entry(
+            session, client.root, name, None, None, want=dtype_wanted, format=found
+        )
+        tokens = opened[0].tokens
+        documents = f"{directory}/{tokenized.documents_file(index)}"
+        stored = np.load(io.BytesIO(await _whole(session, client, documents)))
+        offsets = check_offsets(stored, tokens.shape[0], f"token file {client.url(documents)}")
+        shards[index] = Shard(tokens, offsets, client.url(name))
+
+    count = len(manifest["shards"])
+    await asyncio.gather(*(one(index) for index in range(count)))
+    return tokenized.shards_of(manifest, where, lambda index, _format, _dtype: shards[index])
+
+
+def options(remote: Any) -> RemoteOptions:
+    """``open_tokens``' ``remote=`` argument, checked: None is the defaults."""
+    if remote is None:
+        return RemoteOptions()
+    if not isinstance(remote, RemoteOptions):
+        raise TypeError(
+            f"remote must be a tokstream.remote.RemoteOptions or None, got {type(remote).__name__}"
+        )
+    return remote

@@ -1,0 +1,149 @@
+"""What a stream asks of a remote corpus: the bytes of these windows, now or soon.
+
+The kernels copy windows from raw addresses. :class:`Residency` maps addresses (or windows of a
+window space) to the remote objects whose maps hold them and asks each object's session to fetch
+those byte ranges: :meth:`Residency.fetch_windows` returns at once (look-ahead, driven by the
+stream's :class:`~tokstream._readahead.ReadAhead` through :meth:`Residency.advisor`), while
+:meth:`Residency.ensure_windows` returns only when every byte the kernel call will read is in
+memory, and raises :class:`~tokstream.remote.RemoteReadError` otherwise, before the kernel runs,
+so a batch is whole or not made at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokstream.remote._memory import ObjectBytes, remote_tokens_of
+from tokstream.remote._session import Request, Session
+
+#: A run of tokens read whole (an eos scan, a conversion) is fetched in GETs of this many bytes.
+PIECE_BYTES = 8 << 20
+
+
+class Residency:
+    """The remote shards of one corpus, by the address range of their tokens."""
+
+    def __init__(self, shards: tuple[np.ndarray, ...]) -> None:
+        found = []
+        for shard in shards:
+            tokens = remote_tokens_of(shard)
+            if tokens is not None:
+                start = tokens.object.address + tokens.offset
+                found.append((start, start + tokens.count * tokens.dtype.itemsize, tokens))
+        found.sort(key=lambda entry: entry[0])
+        self._starts = np.array([entry[0] for entry in found], np.uint64)
+        self._ends = np.array([entry[1] for entry in found], np.uint64)
+        # Each shard's object and the object offset of its first token.
+        self._objects: list[ObjectBytes] = [entry[2].object for entry in found]
+        self._offsets = np.array(
+            [entry[2].object.address for entry in found], np.uint64
+        )  # object base addresses
+        self._itemsize = found[0][2].dtype.itemsize if found else 1
+        sessions: dict[int, Session] = {}
+        for obj in self._objects:
+            sessions.setdefault(id(obj.session), obj.session)
+        self._sessions = list(sessions.values())
+
+    @classmethod
+    def of(cls, shards: tuple[np.ndarray, ...]) -> Residency | None:
+        """The residency of these shards, or None when none of them is remote."""
+        if not any(remote_tokens_of(shard) is not None for shard in shards):
+            return None
+        return cls(shards)
+
+    def requests_at(self, addresses: np.ndarray, nbytes: np.ndarray | int) -> list[Request]:
+        """The object byte ranges of reads of ``nbytes`` at ``addresses`` (remote ones only),
+        each clipped to the end of its shard."""
+        addresses = np.asarray(addresses, np.uint64)
+        spans = np.broadcast_to(np.asarray(nbytes, np.uint64), addresses.shape)
+        which = np.searchsorted(self._starts, addresses, side="right").astype(np.int64) - 1
+        inside = which >= 0
+        safe = np.where(inside, which, 0)
+        inside &= addresses < self._ends[safe]
+        ends = np.minimum(addresses + spans, self._ends[safe])
+        firsts = addresses - self._offsets[safe]
+        lasts = ends - self._offsets[safe]
+        objects = self._objects
+        return [
+            (objects[int(i)], int(first), int(last))
+            for i, first, last in zip(
+                safe[inside].tolist(), firsts[inside].tolist(), lasts[inside].tolist(), strict=True
+            )
+        ]
+
+    def window_requests(self, space: Any, windows_index: np.ndarray) -> list[Request]:
+        """The byte ranges the kernels read for these windows of ``space`` (a window space)."""
+        # The addresses only name objects here, nothing is read through them: the shards'
+        # readable guard need not be held.
+        _, addresses, _ = space.locate(np.ascontiguousarray(windows_index, np.int64))
+        return self.requests_at(addresses, (space.block + 1) * space.corpus.dtype.itemsize)
+
+    def ensure_at(self, addresses: np.ndarray, nbytes: np.ndarray | int) -> None:
+        """Return once the ``nbytes`` at each of ``addresses`` (remote ones) are in memory."""
+        self.ensure(self.requests_at(addresses, nbytes))
+
+    def ensure_windows(self, space: Any, windows_index: np.ndarray) -> None:
+        """Return once every byte of these windows is in memory (see the module docstring)."""
+        self.ensure(self.window_requests(space, windows_index))
+
+    def fetch_windows(self, space: Any, windows_index: np.ndarray) -> None:
+        """Start fetching these windows' bytes; returns at once."""
+        requests = self.window_requests(space, windows_index)
+        for session in self._sessions:
+            session.fetch(r for r in requests if r[0].session is session)
+
+    def ensure_pieces(
+        self, rows: np.ndarray, row_offsets: np.ndarray, addresses: np.ndarray, lengths: np.ndarray
+    ) -> None:
+        """:meth:`ensure_windows` for packed rows: rows ``rows`` of one group's table, whose
+        pieces ``row_offsets[r]:row_offsets[r + 1]`` are ``lengths[i]`` tokens at
+        ``addresses[i]`` (as ``PackedSpace.row_runs`` yields them)."""
+        pieces = np.concatenate(
+            [np.arange(row_offsets[row], row_offsets[row + 1]) for row in rows.tolist()]
+        )
+        self.ensure(self.requests_at(addresses[pieces], lengths[pieces] * self._itemsize))
+
+    def ensure(self, requests: list[Request]) -> None:
+        for session in self._sessions:
+            mine = [r for r in requests if r[0].session is session]
+            if mine:
+                session.ensure(mine)
+
+    def advisor(self, space: Any) -> _Advisor:
+        """A stand-in for ``space`` in :class:`~tokstream._readahead.ReadAhead`, whose advice
+        to the OS becomes range GETs started ahead."""
+        return _Advisor(self, space)
+
+    def close(self) -> None:
+        """Cancel what is in flight; end every loop thread and connection of the sessions."""
+        for session in self._sessions:
+            session.close()
+
+
+class _Advisor:
+    def __init__(self, residency: Residency, space: Any) -> None:
+        self._residency, self._space = residency, space
+
+    def advise(self, windows_index: np.ndarray, sample: int) -> int:
+        """Start fetching the windows; never "all resident", so look-ahead never stops."""
+        self._residency.fetch_windows(self._space, windows_index)
+        return max(1, windows_index.shape[0])
+
+
+def present(shard: np.ndarray, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """``shard[start:stop]``, its bytes fetched first when the shard is remote.
+
+    For Python code that reads tokens itself (an eos scan, a conversion) rather than through
+    a stream's kernels: remote bytes not yet fetched read as zeros.
+    """
+    stop = shard.shape[0] if stop is None else min(stop, shard.shape[0])
+    piece = shard[start:stop]
+    residency = Residency.of((shard,))
+    if residency is None or piece.shape[0] == 0:
+        return piece
+    begin, end = int(piece.ctypes.data), int(piece.ctypes.data) + piece.nbytes
+    firsts = np.arange(begin, end, PIECE_BYTES, dtype=np.uint64)
+    residency.ensure(residency.requests_at(firsts, np.minimum(PIECE_BYTES, end - firsts)))
+    return piece
