@@ -8,9 +8,13 @@ delay, side by side in one run:
 - the store's rate: range GETs of one window's bytes (``2 * (block + 1)`` for uint16) at random
   offsets of the objects, ``--in-flight`` at once, made straight with obstore (the client the
   ``remote`` extra uses): GETs per second over at least ``--seconds``;
-- tokstream's rate: a shuffled stream over ``open_tokens("s3://bucket/tokens/*.npy")``,
-  windows per second, and the bytes fetched per byte of the windows delivered (to come with
-  ``tokstream.remote``).
+- tokstream's rate: a shuffled stream over ``open_tokens("s3://bucket/tokens/*.npy")`` with the
+  same ``--in-flight`` (``RemoteOptions(max_in_flight=...)``), windows per second over at least
+  ``--seconds`` after the first batch; the first batch's time from the stream's creation; the
+  bytes fetched per byte of the windows delivered (the look-ahead's last windows included).
+
+The two alternate round by round; every remote batch is first checked byte-identical to the same
+stream over the same files on disk.
 
     python benchmarks/remote.py                          # 0 and 30 ms, block 1024, 64 in flight
     python benchmarks/remote.py --delay 30 --in-flight 256 --block 128
@@ -25,14 +29,20 @@ import argparse
 import asyncio
 import os
 import random
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+import tokstream
+from tokstream.remote import RemoteOptions
+from tokstream.remote._memory import remote_tokens_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the suite's server machinery
 
@@ -90,19 +100,55 @@ def store_rate(
     return done / took
 
 
-def upload_tokens(server: S3Server, objects: int, tokens: int) -> tuple[str, list[tuple[str, int]]]:
-    """``objects`` .npy files of ``tokens`` seeded uint16 tokens each, in a new bucket."""
-    import io
+def stream_rate(
+    url: str, block: int, batch_size: int, in_flight: int, seconds: float, seed: int
+) -> tuple[float, float, float]:
+    """tokstream's side: ``(windows per second after the first batch, the first batch's
+    seconds from the stream's creation, bytes fetched / bytes of the windows delivered)``."""
+    corpus = tokstream.open_tokens(url, remote=RemoteOptions(max_in_flight=in_flight))
+    begin = time.perf_counter()
+    stream = tokstream.stream_token_source(corpus, block, batch_size, seed=seed)
+    next(stream)
+    first = time.perf_counter() - begin
+    batches = 0
+    begin = time.perf_counter()
+    while time.perf_counter() - begin < seconds:
+        next(stream)
+        batches += 1
+    rate = batches * batch_size / (time.perf_counter() - begin)
+    stream.close()
+    fetched = remote_tokens_of(corpus.shards[0]).object.session.bytes_fetched
+    delivered = (batches + 1) * batch_size * (block + 1) * corpus.dtype.itemsize
+    return rate, first, fetched / delivered
 
+
+def check_identical(url: str, local: Path, block: int, batch_size: int) -> None:
+    """The remote stream's first batches are the local stream's, byte for byte."""
+    far = tokstream.stream_token_source(tokstream.open_tokens(url), block, batch_size, seed=9)
+    near = tokstream.stream_token_source(
+        tokstream.open_tokens(str(local / "*.npy")), block, batch_size, seed=9
+    )
+    for _ in range(3):
+        (x, y), (u, v) = next(far), next(near)
+        if not (np.array_equal(x, u) and np.array_equal(y, v)):
+            raise SystemExit("the remote stream's batches differ from the local files'")
+    far.close()
+
+
+def upload_tokens(
+    server: S3Server, objects: int, tokens: int, directory: Path
+) -> tuple[str, list[tuple[str, int]]]:
+    """``objects`` .npy files of ``tokens`` seeded uint16 tokens each, in a new bucket (and in
+    ``directory``)."""
     bucket = server.create_bucket("bench")
     rng = np.random.default_rng(0)
     keys = []
     for i in range(objects):
-        buffer = io.BytesIO()
-        np.save(buffer, rng.integers(0, 50257, tokens, dtype=np.uint16))
-        key = f"tokens/shard_{i:04d}.npy"
-        server.put(bucket, key, buffer.getvalue())
-        keys.append((key, buffer.getbuffer().nbytes))
+        path = directory / f"shard_{i:04d}.npy"
+        np.save(path, rng.integers(0, 50257, tokens, dtype=np.uint16))
+        key = f"tokens/{path.name}"
+        server.put(bucket, key, path)
+        keys.append((key, path.stat().st_size))
     return bucket, keys
 
 
@@ -120,9 +166,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     server = S3Server()
     proxy = FaultProxy(server)
+    local = Path(tempfile.mkdtemp(prefix="tokstream-bench-"))
     try:
-        bucket, objects = upload_tokens(server, args.objects, args.tokens)
+        bucket, objects = upload_tokens(server, args.objects, args.tokens, local)
         os.environ.update(proxy.env())
+        url = f"s3://{bucket}/tokens/*.npy"
+        check_identical(url, local, args.block, args.batch_size)
         store = store_of(bucket, proxy.endpoint)
         size = 2 * (args.block + 1)
         print(
@@ -131,16 +180,27 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         for delay in args.delay:
             proxy.configure(delay_ms=delay)
-            rates = [
-                store_rate(store, objects, size, args.in_flight, args.seconds)
-                for _ in range(args.rounds)
-            ]
+            rates, streams, firsts, fetched = [], [], [], []
+            for round_ in range(args.rounds):
+                rates.append(store_rate(store, objects, size, args.in_flight, args.seconds))
+                rate, first, ratio = stream_rate(
+                    url, args.block, args.batch_size, args.in_flight, args.seconds, round_
+                )
+                streams.append(rate)
+                firsts.append(first)
+                fetched.append(ratio)
             line = f"delay {delay:4.0f} ms: store {statistics.median(rates):8.0f} GETs/s"
             line += f" (rounds {', '.join(f'{r:.0f}' for r in rates)})"
+            line += f"; tokstream {statistics.median(streams):8.0f} windows/s"
+            line += f" (rounds {', '.join(f'{r:.0f}' for r in streams)})"
+            line += f" = {statistics.median(streams) / statistics.median(rates):.2f} of the store"
+            line += f"; first batch {statistics.median(firsts):.2f} s (max {max(firsts):.2f})"
+            line += f"; fetched / delivered {max(fetched):.3f} at most"
             print(line, flush=True)
     finally:
         proxy.stop()
         server.stop()
+        shutil.rmtree(local, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -118,11 +118,6 @@ class ReadAhead:
             self._resident_streak += 1
 
 
-#: Windows whose range GETs a stream over a remote corpus keeps in flight ahead of the batch
-#: being copied: object stores answer in tens of milliseconds, but many requests at once.
-REMOTE_WINDOWS_AHEAD = 1024
-
-
 def read_ahead(
     order: WindowOrder, space: WindowSpace, options: StreamOptions, residency: Residency | None
 ) -> ReadAhead | None:
@@ -137,7 +132,7 @@ def read_ahead(
         return None
     if residency is not None:
         ahead = ReadAhead(order, residency.advisor(space), options.batch_size)  # type: ignore[arg-type]
-        ahead.depth = max(1, -(-REMOTE_WINDOWS_AHEAD // options.batch_size))
+        ahead.depth = max(1, -(-residency.windows_ahead // options.batch_size))
         return ahead
     if options.shuffle and advice.AVAILABLE and next(space.corpus.memory_maps(), None):
         return ReadAhead(order, space, options.batch_size)

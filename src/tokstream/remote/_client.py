@@ -65,6 +65,26 @@ class RemoteOptions:
     max_backoff: float = 2.0
     cache_dir: str | None = None
 
+    def __post_init__(self) -> None:
+        if type(self.max_in_flight) is not int:
+            raise TypeError(
+                f"max_in_flight must be an int, got {type(self.max_in_flight).__name__}"
+            )
+        if self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {self.max_in_flight}")
+        for name in ("timeout", "deadline", "backoff", "max_backoff"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+            if not value > 0 or value == float("inf"):
+                raise ValueError(
+                    f"{name} must be a positive, finite number of seconds, got {value}"
+                )
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"cache_dir must be a path or None, got {type(self.cache_dir).__name__}"
+            )
+
 
 def require() -> Any:
     """The obstore module, or ImportError naming the extra."""
@@ -141,11 +161,11 @@ class Client:
         return await retrying(whole, f"{self.url(key)} (the whole object)", self.options)
 
     async def list(self, prefix: str) -> list[tuple[str, int, str | None]]:
-        """``(key, size, etag)`` of every object whose key starts with ``prefix``, by key."""
+        """``(key, size, etag)`` of every object in the folder ``prefix`` (and below), by key."""
         obstore = require()
 
         async def listing() -> list[tuple[str, int, str | None]]:
-            found = []
+            found: list[tuple[str, int, str | None]] = []
             async for chunk in obstore.list(self.store, prefix or None):
                 found.extend((meta["path"], int(meta["size"]), meta.get("e_tag")) for meta in chunk)
             return sorted(found)

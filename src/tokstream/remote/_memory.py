@@ -142,7 +142,7 @@ def tokens_array(bytes_: ObjectBytes, offset: int, dtype: np.dtype, count: int) 
 
 def remote_tokens_of(array: np.ndarray) -> RemoteTokens | None:
     """The :class:`RemoteTokens` ``array`` is exactly (not a slice or view of it), else None."""
-    base = array.base
+    base: Any = array.base
     if isinstance(base, RemoteTokens) and array.shape == (base.count,):
         return base
     return None

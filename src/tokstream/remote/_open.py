@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tokstream._memory import available_memory
 from tokstream.formats import detect, llmc, megatron, npy, raw, tokenized
 from tokstream.formats._common import Shard, check_length, check_offsets
 from tokstream.remote._client import Client, RemoteNotFoundError, RemoteOptions
@@ -75,10 +76,19 @@ def open_remote(
         return [shard for shards in opened for shard in shards]
 
     try:
-        return session.run(everything())
+        shards: list[Shard] = session.run(everything())
     finally:
         # Opening leaves no thread or connection behind; the first fetch starts them again.
         session.close()
+    total = sum(shard.tokens.nbytes for shard in shards)
+    free = available_memory()
+    if options.cache_dir is None and free is not None and total > free // 2:
+        raise ValueError(
+            f"the token files hold {total / 2**30:.1f} GiB, more than half the memory available "
+            f"({free / 2**30:.1f} GiB) to hold what an epoch fetches; pass "
+            "remote=RemoteOptions(cache_dir=...) to keep the fetched bytes on disk instead"
+        )
+    return shards
 
 
 async def _expand(session: Session, url: str) -> list[tuple[str, str, int | None, str | None]]:
@@ -93,11 +103,12 @@ async def _expand(session: Session, url: str) -> list[tuple[str, str, int | None
     if not GLOB_CHARS & set(key):
         return [(root, key, None, None)]
     client = session.client(root)
-    fixed = re.split(r"[*?\[]", key, maxsplit=1)[0]
+    # The store lists by whole path segments: the folder before the first pattern character.
+    fixed = re.split(r"[*?\[]", key, maxsplit=1)[0].rpartition("/")[0]
     parts = key.split("/")
     listed = await client.list(fixed)
     names = {name for name, _, _ in listed}
-    found = []
+    found: list[tuple[str, str, int | None, str | None]] = []
     for name, size, etag in listed:
         segments = name.split("/")
         if len(segments) != len(parts) or not all(

@@ -18,6 +18,10 @@ import numpy as np
 from tokstream.remote._memory import ObjectBytes, remote_tokens_of
 from tokstream.remote._session import Request, Session
 
+#: Windows a remote stream keeps requested ahead of the batch being copied, per GET allowed in
+#: flight: enough to keep every allowed GET busy while a batch waits, few enough that little
+#: is fetched for nothing when the stream stops.
+AHEAD_PER_GET = 4
 #: A run of tokens read whole (an eos scan, a conversion) is fetched in GETs of this many bytes.
 PIECE_BYTES = 8 << 20
 
@@ -45,6 +49,8 @@ class Residency:
         for obj in self._objects:
             sessions.setdefault(id(obj.session), obj.session)
         self._sessions = list(sessions.values())
+        #: Windows to keep requested ahead of the batch being copied (see AHEAD_PER_GET).
+        self.windows_ahead = AHEAD_PER_GET * max(s.options.max_in_flight for s in self._sessions)
 
     @classmethod
     def of(cls, shards: tuple[np.ndarray, ...]) -> Residency | None:
@@ -129,7 +135,7 @@ class _Advisor:
     def advise(self, windows_index: np.ndarray, sample: int) -> int:
         """Start fetching the windows; never "all resident", so look-ahead never stops."""
         self._residency.fetch_windows(self._space, windows_index)
-        return max(1, windows_index.shape[0])
+        return max(1, int(windows_index.shape[0]))
 
 
 def present(shard: np.ndarray, start: int = 0, stop: int | None = None) -> np.ndarray:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -42,6 +43,7 @@ class Session:
         # (object id, start, end) -> the future of the fetch that brings those bytes.
         self._pending: dict[tuple[int, int, int], concurrent.futures.Future[None]] = {}
         self._semaphores: dict[int, asyncio.Semaphore] = {}
+        self._pid = os.getpid()
         #: Bytes and GETs fetched so far (ranges as sent, after coalescing).
         self.bytes_fetched = 0
         self.requests = 0
@@ -49,7 +51,23 @@ class Session:
     def __reduce__(self) -> tuple[Any, ...]:
         return (Session, (self.options,))
 
+    def _after_fork(self) -> None:
+        """Refuse to work in a process forked from the one that opened the corpus.
+
+        obstore's runtime (tokio) does not survive ``fork()``: its threads are not in the
+        child, and a request there would wait forever. A spawned process (a DataLoader with
+        ``multiprocessing_context="spawn"`` or ``"forkserver"``) unpickles the corpus and makes
+        its own.
+        """
+        if self._pid != os.getpid():
+            raise RuntimeError(
+                "a remote corpus cannot be read in a process forked from the one that opened "
+                "it (obstore's runtime does not survive fork()); start DataLoader workers with "
+                "multiprocessing_context='spawn' (or 'forkserver'), which pickle the corpus"
+            )
+
     def client(self, root: str) -> Client:
+        self._after_fork()
         with self._lock:
             client = self._clients.get(root)
             if client is None:
@@ -73,14 +91,18 @@ class Session:
         when a fetch failed past its deadline; nothing is then reported present, so a later
         call fetches again.
         """
-        futures = self._schedule(requests)
-        if not futures:
-            return
-        concurrent.futures.wait(futures)
         keys = [(id(obj), start, end) for obj, start, end in requests]
-        with self._lock:
-            for key in keys:
-                self._pending.pop(key, None)
+        while True:
+            futures = self._schedule(requests)
+            if not futures:
+                return
+            concurrent.futures.wait(futures)
+            with self._lock:
+                for key in keys:
+                    self._pending.pop(key, None)
+            if not any(future.cancelled() for future in futures):
+                break
+            # Cancelled by close() (another stream over the same corpus closed): fetch again.
         for future in futures:
             error = future.exception()
             if error is not None:
@@ -88,6 +110,7 @@ class Session:
 
     def _schedule(self, requests: Iterable[Request]) -> list[concurrent.futures.Future[None]]:
         """The futures the requested ranges wait on, after scheduling those not under way."""
+        self._after_fork()
         waits: dict[int, concurrent.futures.Future[None]] = {}
         keys: list[tuple[int, int, int]] = []
         spans: list[Request] = []
