@@ -155,7 +155,7 @@ class WindowFill:
         self._one_shard = space.one_shard
         self._refuse = _OutsideOutDtype(dtype, options.out_dtype)
         # Remote shards: each batch's windows are fetched into memory before a kernel reads them.
-        self.residency = Residency.of(space.corpus.shards)
+        self.residency = Residency.of_corpus(space.corpus)
         self._window_bytes = (space.block + 1) * dtype.itemsize
 
     def __call__(
@@ -238,7 +238,7 @@ class PackedFill:
         # Selects the kernel's specialisation only; the pieces are read from their addresses.
         self._anchor = np.empty(0, dtype)
         self._refuse = _OutsideOutDtype(dtype, options.out_dtype)
-        self.residency = Residency.of(space.corpus.shards)
+        self.residency = Residency.of_corpus(space.corpus)
 
     def __call__(
         self,

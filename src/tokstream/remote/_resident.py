@@ -59,6 +59,14 @@ class Residency:
             return None
         return cls(shards)
 
+    @classmethod
+    def of_corpus(cls, corpus: Any) -> Residency | None:
+        """:meth:`of` a corpus' shards; None for a corpus whose shards are read on demand (a
+        manifest's: asking for its shards would map every one of them)."""
+        if corpus.source is not None:
+            return None
+        return cls.of(corpus.shards)
+
     def requests_at(self, addresses: np.ndarray, nbytes: np.ndarray | int) -> list[Request]:
         """The object byte ranges of reads of ``nbytes`` at ``addresses`` (remote ones only),
         each clipped to the end of its shard."""
