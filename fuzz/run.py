@@ -33,6 +33,7 @@ from fuzz.checks import (
     check_state_edit,
     check_token_file,
 )
+from fuzz.packing_runs import check_packed_run, packed_runs
 from fuzz.runs import check_mixture_reshaped_resume, check_split
 from fuzz.strategies import (
     call_kwargs,
@@ -144,6 +145,11 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
     def splits(call):
         tally.add(guarded(check_split, *call))
 
+    @common
+    @given(run=packed_runs())
+    def packed(run):
+        tally.add(guarded(check_packed_run, *run))
+
     stop = time.monotonic() + seconds
     try:
         for round_number in itertools.count():
@@ -158,6 +164,7 @@ def run(seconds: float, examples: int, seed: int | None) -> Tally:
                 mixture_states,
                 staged_mixtures,
                 splits,
+                packed,
             )
             for test in tests:
                 (test if seed is None else hypothesis.seed(seed + round_number)(test))()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from fuzz import checks, model, runs, strategies
+from fuzz import checks, model, packing_runs, runs, strategies
 from fuzz.run import guarded
 from tokstream import _validate, open_tokens, stream_token_source
 
@@ -71,6 +71,12 @@ def test_a_hand_edited_mixture_state_is_refused_cleanly_or_resumes_where_it_clai
 @given(run=strategies.reshaped_mixture_runs())
 def test_a_staged_mixture_resumed_into_new_shapes_and_schedules_and_seeked_is_the_model(run):
     guarded(runs.check_mixture_reshaped_resume, *run)
+
+
+@QUICK
+@given(run=packing_runs.packed_runs())
+def test_packed_streams_resumed_into_new_shapes_and_seeked_stream_the_global_rows(run):
+    guarded(packing_runs.check_packed_run, *run)
 
 
 @QUICK
