@@ -15,6 +15,7 @@ import pytest
 
 import tokstream
 from tokstream import _filemap, files, manifest
+from tokstream import _readahead as readahead
 from tokstream.formats import tokenized
 from tokstream.manifest import write_manifest
 
@@ -115,6 +116,8 @@ def test_a_manifest_of_every_format_opens_to_the_same_corpus_states_and_batches(
     written = write_manifest(inputs, tmp_path / "toc" / "manifest.json", dtype=dtype)
     listed = files.open_tokens(tmp_path / "toc")  # the directory holding manifest.json
     assert listed.source is not None and listed.source.open_maps == 0
+    # Shuffled windows of its files are read ahead, as a glob's are.
+    assert tokstream.TokenStream(listed, 8, 4, shuffle=True)._readahead is not None
     assert written == tmp_path / "toc" / "manifest.json"
     assert listed.dtype == globbed.dtype and len(listed.shards) == len(globbed.shards)
     np.testing.assert_array_equal(listed.lengths, globbed.lengths)
@@ -195,10 +198,19 @@ def test_opening_a_manifest_makes_the_same_few_system_calls_whatever_its_shard_c
     monkeypatch.undo()
     # The manifest's stat and read (Path.read_bytes) and nothing per shard.
     assert len(opened) <= 4, opened
-    # The first batch maps the shards its 3 windows lie in, and only those.
-    assert counter.calls.count("map") <= 3
-    assert corpus.source.open_maps <= 3
-    assert len(counter.calls) < 20 * 3 + 10, counter.calls
+    # The first batch maps the shards its 3 windows lie in and those of the windows read
+    # ahead, whatever the shard count; without read-ahead (in order), only its own.
+    ahead = readahead.WINDOWS_AHEAD + 3
+    assert counter.calls.count("map") <= 3 + ahead
+    assert corpus.source.open_maps <= 3 + ahead
+    assert len(counter.calls) < 20 * (3 + ahead), counter.calls
+    counter.calls.clear()
+    monkeypatch.undo()
+    ordered = files.open_tokens(tmp_path / "manifest.json")
+    counter = CallCounter(monkeypatch)
+    next(tokstream.TokenStream(ordered, 16, 3, shuffle=False))
+    monkeypatch.undo()
+    assert counter.calls.count("map") <= 3 and ordered.source.open_maps <= 3
 
 
 @pytest.mark.parametrize(

@@ -134,6 +134,9 @@ def read_ahead(
         ahead = ReadAhead(order, residency.advisor(space), options.batch_size)  # type: ignore[arg-type]
         ahead.depth = max(1, -(-residency.windows_ahead // options.batch_size))
         return ahead
-    if options.shuffle and advice.AVAILABLE and next(space.corpus.memory_maps(), None):
+    # A manifest's files are maps even before the first is made (ShardSource.maps_files).
+    corpus = space.corpus
+    mapped = next(corpus.memory_maps(), None) or getattr(corpus.source, "maps_files", False)
+    if options.shuffle and advice.AVAILABLE and mapped:
         return ReadAhead(order, space, options.batch_size)
     return None

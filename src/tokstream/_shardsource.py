@@ -79,6 +79,9 @@ class ShardSource:
     dtype: np.dtype
     lengths: np.ndarray
     names: Names
+    #: Whether the shards are memory maps of local files, which a shuffled stream reads ahead
+    #: (``madvise`` through :meth:`readable`'s addresses).
+    maps_files = False
 
     def __setattr__(self, name: str, value: Any) -> None:
         # The checks of every range and shard rest on these two: set once, never replaced, and
@@ -140,6 +143,8 @@ class MappedShards(ShardSource):
     whose shards outnumber ``capacity`` keeps them all until it is copied). Dropping a map only
     drops this object's reference: an array a caller holds keeps its map. Thread-safe.
     """
+
+    maps_files = True
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if type(capacity) is not int:
