@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -200,6 +201,9 @@ def _permanent(error: BaseException) -> bool:
     """Whether retrying cannot help: access is refused, or the request is malformed."""
     from obstore import exceptions
 
+    # Some stores' refusals come as a generic error carrying the HTTP status.
+    if re.search(r"\b(401|403) (Unauthorized|Forbidden)\b", str(error)):
+        return True
     return isinstance(
         error,
         (
