@@ -6,7 +6,8 @@ a tiktoken encoding when tiktoken and that encoding are already cached (nothing 
 downloaded). For each encoder, in the same run:
 
 - the encoder's own rate: ``encode_batch`` over the same documents in the job's batches, on one
-  core (``TOKENIZERS_PARALLELISM=false``, as the job's workers run it), the ids taken out;
+  core (``TOKENIZERS_PARALLELISM=false``, as the job's workers run it), the ids taken out,
+  measured again just before each run of the job (the ratio compares the two);
 - where a one-worker job's time goes: the same work done stage by stage in this process
   (reading and parsing the ranges, encoding, packing the ids into arrays, writing the shards);
 - ``tokenize_files`` with 1 and 2 workers under the local engine and, when Ray is installed, the
@@ -14,8 +15,10 @@ downloaded). For each encoder, in the same run:
 
 Every output must be byte-identical (sha256 of every file) to the first before any figure is
 printed. The ratio is the job's tokens/s over ``workers x`` the encoder's single-core rate
-(target: at least 0.9). The load average is printed with every row: on a shared machine a
-second worker only helps when a core is free.
+(target: at least 0.9). Beside it, the job's tokens per CPU second (this process and its
+pool's workers; not Ray's, which are not its children) over the encoder's: what the job costs
+beyond the encoder, whatever the machine's load. The load average is printed with every row: on
+a shared machine a second worker only helps when a core is free.
 
     python benchmarks/tokenize_scaling.py --megabytes 200
 """
@@ -91,15 +94,22 @@ def cached_tiktoken() -> str | None:
     return "gpt2"
 
 
-def encoder_rate(encoder: Encoder, documents: list[str]) -> tuple[float, int]:
-    """The encoder's own single-core tokens/s over ``documents`` in the job's batches."""
+def encoder_rate(encoder: Encoder, documents: list[str]) -> tuple[float, float, int]:
+    """The encoder's own single-core tokens/s over ``documents`` in the job's batches (its
+    ``encode_batch``, the ids taken out): per wall second, per CPU second, and the tokens."""
     tokens = 0
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     for i in range(0, len(documents), tasks.BATCH_DOCUMENTS):
-        tokens += sum(
-            len(ids) + 1 for ids in encoder.encode(documents[i : i + tasks.BATCH_DOCUMENTS])
-        )
-    return tokens / (time.perf_counter() - started), tokens
+        batch = documents[i : i + tasks.BATCH_DOCUMENTS]
+        tokens += sum(len(ids) + 1 for ids in encoder.encode(batch))
+    wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu
+    return tokens / wall, tokens / cpu, tokens
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that ended (a process pool's workers)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
 
 
 def stages(todo: list[tasks.Task], encoder: Encoder, scratch: Path) -> dict[str, float]:
@@ -190,13 +200,9 @@ def main() -> int:
 
         for label, spec in encoders.items():
             encoder = Encoder(spec)
-            single, tokens = encoder_rate(encoder, documents)
-            rows.append(
-                (label, "encode_batch", 1, text_bytes * single / tokens, single, None, load())
-            )
             plan = tasks.plan([corpus], shard_bytes, "text", False)
             todo = [
-                tasks.Task(i, tuple(map(tuple, spans)), size, (str(corpus),), str(scratch),
+                tasks.Task(i, tuple(map(tuple, spans)), size, ((0, str(corpus)),), str(scratch),
                            spec, 0, "npy", "uint16" if encoder.max_id < 65536 else "uint32",
                            "text", False)
                 for i, (spans, size) in enumerate(plan)
@@ -212,8 +218,15 @@ def main() -> int:
             reference = None
             for engine in engines:
                 for workers in worker_counts:
+                    # The encoder's own rate just before each run: a shared machine's load
+                    # drifts, so each ratio compares figures taken a few seconds apart.
+                    single, single_cpu, tokens = encoder_rate(encoder, documents)
+                    rows.append(
+                        (label, "encode_batch", 1, text_bytes * single / tokens, single, None, "",
+                         load())
+                    )  # fmt: skip
                     out = scratch / f"{label}_{engine}_{workers}".replace(" ", "_")
-                    started = time.perf_counter()
+                    started, cpu = time.perf_counter(), cpu_seconds()
                     result = tokenize_files(
                         [str(corpus)],
                         spec,
@@ -222,21 +235,26 @@ def main() -> int:
                         workers=workers,
                         shard_bytes=shard_bytes,
                     )
-                    elapsed = time.perf_counter() - started
+                    elapsed, cpu = time.perf_counter() - started, cpu_seconds() - cpu
                     assert result.tokens == tokens, (result.tokens, tokens)
                     found = hashes(out)
                     reference = reference or found
                     assert found == reference, f"{engine} x {workers}: the output differs"
                     rate = result.tokens / elapsed
                     ratio = rate / (workers * single)
-                    rows.append((label, engine, workers, text_bytes / elapsed, rate, ratio, load()))
+                    # Ray's workers are no children of this process: their CPU is not seen.
+                    per_cpu = "" if engine == "ray" else f"{result.tokens / cpu / single_cpu:.2f}"
+                    rows.append(
+                        (label, engine, workers, text_bytes / elapsed, rate, ratio, per_cpu, load())
+                    )
     print(
-        "| encoder | run | workers | MB/s | Mtokens/s | / (workers x encode_batch) | load 1/5 min |"
+        "| encoder | run | workers | MB/s | Mtokens/s | / (workers x encode_batch) "
+        "| tokens per CPU s / encode_batch's | load 1/5 min |"
     )
-    print("|---|---|---|---|---|---|---|")
-    for label, name, workers, mb, rate, ratio, when in rows:
+    print("|---|---|---|---|---|---|---|---|")
+    for label, name, workers, mb, rate, ratio, per_cpu, when in rows:
         shown = "" if ratio is None else f"{ratio:.2f}"
-        cells = [label, name, workers, f"{mb / 1e6:.2f}", f"{rate / 1e6:.3f}", shown, when]
+        cells = [label, name, workers, f"{mb / 1e6:.2f}", f"{rate / 1e6:.3f}", shown, per_cpu, when]
         print("| " + " | ".join(map(str, cells)) + " |")
     print(f"(load average at the end: {load()})")
     return 0

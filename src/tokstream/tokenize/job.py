@@ -120,6 +120,9 @@ def tokenize_files(
         unreachable ``ray_address`` (nothing is written then).
     ImportError
         ``tokenizers``, ``tiktoken``, ``pyarrow`` (for Parquet) or ``ray`` missing where needed.
+    TimeoutError
+        Ray made no shard for :data:`tokstream.tokenize.engines.STALL_SECONDS` (a dead or
+        stalled cluster); the shards made stay made, and running the job again goes on.
     """
     _validate.choice(format, "format", FORMATS)
     shard_bytes = _validate.positive_int(shard_bytes, "shard_bytes")
@@ -153,7 +156,7 @@ def tokenize_files(
             index=index,
             spans=tuple((i, a, b) for i, a, b in spans),
             size=size,
-            paths=tuple(job["inputs"][i]["path"] for i in range(len(paths))),
+            paths=tuple((i, job["inputs"][i]["path"]) for i in sorted({i for i, _, _ in spans})),
             directory=os.fspath(output.resolve()),
             tokenizer=tokenizer,
             eos=eos_id,

@@ -42,7 +42,9 @@ class Task:
     spans: tuple[tuple[int, int, int], ...]
     #: The input bytes the range covers (for progress only).
     size: int
-    paths: tuple[str, ...]
+    #: The inputs the spans read, by input index (only those: a task stays small however many
+    #: inputs the job has).
+    paths: tuple[tuple[int, str], ...]
     directory: str
     tokenizer: str
     eos: int | None
@@ -140,8 +142,9 @@ def batches(task: Task) -> Any:
     """The range's document texts in batches of :data:`BATCH_DOCUMENTS` or :data:`BATCH_CHARS`."""
     texts: list[str] = []
     chars = 0
+    paths = dict(task.paths)
     for index, start, end in task.spans:
-        path = Path(task.paths[index])
+        path = Path(paths[index])
         for text in read_span(path, start, end, task.text_field, task.document_per_file):
             texts.append(text)
             chars += len(text)
