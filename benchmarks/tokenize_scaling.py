@@ -5,8 +5,8 @@ JSON Lines) is tokenized with a GPT-2-style byte-level BPE trained here on part 
 a tiktoken encoding when tiktoken and that encoding are already cached (nothing is
 downloaded). For each encoder, in the same run:
 
-- the encoder's own rate: ``encode_batch`` over the same documents in the job's batches, on one
-  core (``TOKENIZERS_PARALLELISM=false``, as the job's workers run it), the ids taken out,
+- the encoder's own rate: ``encode_batch`` over the same documents in the job's own batches, on
+  one core (``TOKENIZERS_PARALLELISM=false``, as the job's workers run it), the ids taken out,
   measured again just before each run of the job (the ratio compares the two);
 - where a one-worker job's time goes: the same work done stage by stage in this process
   (reading and parsing the ranges, encoding, packing the ids into arrays, writing the shards);
@@ -94,13 +94,12 @@ def cached_tiktoken() -> str | None:
     return "gpt2"
 
 
-def encoder_rate(encoder: Encoder, documents: list[str]) -> tuple[float, float, int]:
-    """The encoder's own single-core tokens/s over ``documents`` in the job's batches (its
+def encoder_rate(encoder: Encoder, batches: list[list[str]]) -> tuple[float, float, int]:
+    """The encoder's own single-core tokens/s over the job's own batches of documents (its
     ``encode_batch``, the ids taken out): per wall second, per CPU second, and the tokens."""
     tokens = 0
     started, cpu = time.perf_counter(), cpu_seconds()
-    for i in range(0, len(documents), tasks.BATCH_DOCUMENTS):
-        batch = documents[i : i + tasks.BATCH_DOCUMENTS]
+    for batch in batches:
         tokens += sum(len(ids) + 1 for ids in encoder.encode(batch))
     wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     return tokens / wall, tokens / cpu, tokens
@@ -207,6 +206,9 @@ def main() -> int:
                            "text", False)
                 for i, (spans, size) in enumerate(plan)
             ]  # fmt: skip
+            # The documents as the job batches them: batch size changes encode_batch's rate
+            # (1,000 long documents at a time run slower than the hundred or so of a range).
+            batches = [batch for one in todo for batch in tasks.batches(one)]
             split = stages(todo, encoder, scratch)
             total = sum(split.values())
             print(
@@ -220,7 +222,7 @@ def main() -> int:
                 for workers in worker_counts:
                     # The encoder's own rate just before each run: a shared machine's load
                     # drifts, so each ratio compares figures taken a few seconds apart.
-                    single, single_cpu, tokens = encoder_rate(encoder, documents)
+                    single, single_cpu, tokens = encoder_rate(encoder, batches)
                     rows.append(
                         (label, "encode_batch", 1, text_bytes * single / tokens, single, None, "",
                          load())
