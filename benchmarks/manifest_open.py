@@ -45,7 +45,8 @@ stream = tokstream.TokenStream(corpus, block, batch, shuffle=True, seed=rank % 2
                                rank=rank, world_size=world)
 next(stream)
 end = time.perf_counter()
-print(json.dumps({"import": imported - start, "open": opened - imported, "first_batch": end - start,
+print(json.dumps({"cpu": time.process_time(), "import": imported - start,
+                  "open": opened - imported, "first_batch": end - start,
                   "after_import": end - imported}))
 """
 
@@ -88,13 +89,15 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--processes", type=int, default=16)
+    parser.add_argument("--rewrite", action="store_true", help="write the manifest even if kept")
     args = parser.parse_args()
 
     seconds, paths = timed(lambda: make_shards(args.directory, args.shards, args.tokens))
     print(f"{args.shards:,} shards of {args.tokens:,} uint16 tokens ready in {seconds:.1f} s")
     manifest = args.directory.parent / f"{args.directory.name}.manifest.json"
-    seconds, _ = timed(lambda: write_manifest([str(args.directory / "*.npy")], manifest))
-    print(f"write_manifest: {seconds:.1f} s ({manifest.stat().st_size / 1e6:.1f} MB)")
+    if args.rewrite or not manifest.exists():
+        seconds, _ = timed(lambda: write_manifest([str(args.directory / "*.npy")], manifest))
+        print(f"write_manifest: {seconds:.1f} s ({manifest.stat().st_size / 1e6:.1f} MB)")
     subset = paths[: args.glob_shards]
     subset_manifest = args.directory.parent / f"{args.directory.name}.subset.json"
     write_manifest(subset, subset_manifest)
@@ -140,12 +143,13 @@ def main() -> None:
     batches = sorted(r["first_batch"] for r in results)
     after = sorted(r["after_import"] for r in results)
     imports = sorted(r["import"] for r in results)
+    cpu = sorted(r["cpu"] for r in results)
     print(
         f"{args.processes} processes at once: first batch slowest {batches[-1]:.2f} s, median "
         f"{median(batches):.2f} s from each one's start; of which `import tokstream` slowest "
         f"{imports[-1]:.2f} s, median {median(imports):.2f} s; open + first batch after the "
-        f"import slowest {after[-1]:.2f} s, median {median(after):.2f} s; all done "
-        f"{wall:.2f} s after the first started"
+        f"import slowest {after[-1]:.2f} s, median {median(after):.2f} s; CPU a process "
+        f"median {median(cpu):.2f} s; all done {wall:.2f} s after the first started"
     )
 
 
