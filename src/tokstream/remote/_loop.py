@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
+import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -55,6 +56,9 @@ class Loop:
             thread.start()
             started.wait()
             self._loop, self._thread, self._pid = loop, thread, os.getpid()
+            # A loop nobody holds any more (its corpus and streams were dropped unclosed) ends
+            # its thread too; the thread itself holds nothing of this object.
+            weakref.finalize(self, _stop, loop, thread)
             return loop
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -78,15 +82,24 @@ class Loop:
         if loop is None or thread is None or pid != os.getpid():
             return
 
-        async def cancel_all() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            asyncio.get_running_loop().stop()
+        _stop(loop, thread)
 
-        try:
-            asyncio.run_coroutine_threadsafe(cancel_all(), loop)
-        except RuntimeError:  # the loop already stopped
-            pass
+
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """End a dropped loop's thread (cancelling what is left in flight)."""
+    if not thread.is_alive():
+        return
+
+    async def cancel_all() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.get_running_loop().stop()
+
+    try:
+        asyncio.run_coroutine_threadsafe(cancel_all(), loop)
+    except RuntimeError:  # the loop already stopped
+        return
+    if thread is not threading.current_thread():
         thread.join(_JOIN_SECONDS)
