@@ -7,8 +7,6 @@ and address in range and hands in the scratch arrays.
 cimport cython
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 
-from libc.string cimport memcpy
-
 from tokstream._kernels.copy cimport outside_out
 from tokstream._kernels.types cimport out_t, token_t
 
@@ -489,7 +487,6 @@ def fill_packed(
     cdef const token_t *tokens
     cdef out_t *inputs_row
     cdef out_t *labels_row
-    cdef out_t last = <out_t>pad
     cdef uint64_t outside = 0
     with nogil:
         for k in range(count):
@@ -507,9 +504,13 @@ def fill_packed(
                 for j in range(inputs):
                     inputs_row[slot + j] = <out_t>tokens[j]
                     outside |= outside_out(tokens[j], inputs_row)
+                # Labels straight from the tokens (reading them back from inputs_row right
+                # after writing it stalls when the two rows' addresses alias modulo 4 KiB):
+                # slot slot + j is label slot + j - 1, for slot + j in [1, block].
+                for j in range(1 if slot == 0 else 0, min(length, block + 1 - slot)):
+                    labels_row[slot + j - 1] = <out_t>tokens[j]
                 # The last slot is a label only.
                 if slot + length > block:
-                    last = <out_t>tokens[block - slot]
                     outside |= outside_out(tokens[block - slot], inputs_row)
                 if write_mask:
                     if slot > 0:
@@ -531,12 +532,8 @@ def fill_packed(
                     position_ids[r, j] = <out_t>(j - slot)
                 if write_documents:
                     document_ids[r, j] = <int32_t>piece
-            if slot <= block:
-                last = <out_t>pad
             for j in range(max(slot, 1), block + 1):
+                labels_row[j - 1] = <out_t>pad
                 if write_mask:
                     label_continues[r, j - 1] = 0
-            # Label j is slot j + 1: the inputs shifted by one, then the last slot.
-            memcpy(labels_row, inputs_row + 1, (block - 1) * sizeof(out_t))
-            labels_row[block - 1] = last
     return outside == 0
