@@ -5,7 +5,7 @@ reference (:func:`tokstream.reference.stream_token_source`), assembling them wit
 kernel instead of one ``np.stack`` per batch.
 """
 
-from importlib.metadata import version as _version
+from typing import Any
 
 try:
     from tokstream import _kernels
@@ -22,9 +22,6 @@ from tokstream.mixture import Mixture, mix
 from tokstream.split import split
 from tokstream.stream import TokenStream, stream_token_source
 
-# Written once, in pyproject.toml; the installed package's metadata carries it.
-__version__ = _version("tokstream")
-
 __all__ = [
     "Corpus",
     "Mixture",
@@ -37,4 +34,15 @@ __all__ = [
     "write_tokens",
 ]
 
-del _kernels, _version
+del _kernels
+
+
+def __getattr__(name: str) -> Any:
+    # The version is written once, in pyproject.toml, and read from the installed package's
+    # metadata on first use: importlib.metadata costs every process that imports tokstream
+    # (each rank and DataLoader worker) tens of milliseconds it rarely needs.
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("tokstream")
+    raise AttributeError(f"module 'tokstream' has no attribute {name!r}")
