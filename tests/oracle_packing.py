@@ -1,7 +1,7 @@
 """A slow NumPy oracle of packed batches: every array of the rows given by their pieces.
 
-The compiled fill (:func:`tokstream._kernels.pack.fill_packed`) is checked against it, and the
-compiled group packing (:func:`tokstream._kernels.pack.pack_group`) against :func:`group_table`;
+The compiled fill (:func:`tokstream._kernels.packed_copy.fill_packed`) is checked against it, and
+the compiled group packing (:func:`tokstream._kernels.pack.pack_group`) against :func:`group_table`;
 the packing contract itself is checked by ``tests/test_packing.py`` from the document boundaries.
 """
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream._kernels import advice, documents, gather, mixture, order, pack
+from tokstream._kernels import advice, documents, gather, mixture, order, pack, packed_copy
 from tokstream.bench import _device, _loop
 
 # Modules whose import has a side effect (the command line runs; a deprecated alias warns, which
@@ -104,6 +104,7 @@ COMPILED = {
     "_kernels.mixture": mixture,
     "_kernels.advice": advice,
     "_kernels.pack": pack,
+    "_kernels.packed_copy": packed_copy,
     "bench._loop": _loop,
     "bench._device": _device,
 }
@@ -120,7 +121,7 @@ COMPILED = {
         ("_kernels.advice", "advise_at", "addresses, window_bytes, sample"),
         ("_kernels.advice", "resident_fraction", "tokens"),
         ("_kernels.pack", "best_fit", "lengths, capacity, rows"),
-        ("_kernels.pack", "fill_packed", "anchor, addresses, lengths"),
+        ("_kernels.packed_copy", "fill_packed", "anchor, addresses, lengths"),
         ("bench._loop", "copy_windows", "tokens, starts, windows"),
         ("bench._device", "read_at", "fd, offsets, buffer"),
     ],

@@ -28,7 +28,7 @@ import numpy as np
 
 from tokstream._kernels.documents import document_pieces, gather_documents
 from tokstream._kernels.gather import gather_at, gather_windows
-from tokstream._kernels.pack import fill_packed
+from tokstream._kernels.packed_copy import fill_packed
 from tokstream._options import StreamOptions
 from tokstream._packed import PackedMixtureSpace, PackedSpace
 from tokstream._space import WindowSpace, cache_ahead

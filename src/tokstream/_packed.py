@@ -2,8 +2,8 @@
 
 :class:`PackedSpace` stands where :class:`tokstream._space.WindowSpace` stands for windows: it
 numbers the samples (``num_windows`` rows per epoch) and says which pieces each row holds, as
-the checked tables :func:`tokstream._kernels.pack.fill_packed` copies from (the call itself is
-:mod:`tokstream._batch`'s). :class:`PackedOrder` is the window order over row
+the checked tables :func:`tokstream._kernels.packed_copy.fill_packed` copies from (the call
+itself is :mod:`tokstream._batch`'s). :class:`PackedOrder` is the window order over row
 positions, so ranks, ``drop_last``, the epoch tail, the state dict and elastic resume are the
 windows' own.
 """
@@ -83,7 +83,7 @@ class PackedSpace:
         """``(first row, table rows, table, readable)`` for each run of the batch's rows that
         lie in one group: the batch's rows ``first, first + 1, ...`` are rows ``table rows`` of
         that group's checked table ``(row offsets, piece addresses, piece lengths)`` (see
-        :meth:`_table`), which :func:`tokstream._kernels.pack.fill_packed` copies from. The
+        :meth:`_table`), which :func:`tokstream._kernels.packed_copy.fill_packed` copies from. The
         addresses of those rows' pieces are valid until ``readable`` is released: release it
         right after the kernel call (shards read on demand are mapped for it)."""
         rows = windows_index.shape[0]

@@ -1,14 +1,12 @@
-"""The packing kernels: best fit over a group's pieces, and packed rows copied into a batch.
+"""The packing kernel: best fit over a group's pieces (which piece goes in which row).
+
+The rows' copy into a batch is :mod:`tokstream._kernels.packed_copy`.
 
 Nothing here validates or allocates; the Python side (``tokstream.packing``) proves every index
 and address in range and hands in the scratch arrays.
 """
 
-cimport cython
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
-
-from tokstream._kernels.copy cimport outside_out
-from tokstream._kernels.types cimport out_t, token_t
+from libc.stdint cimport int64_t, uint64_t
 
 cdef extern from "portable.h":
     void TOKSTREAM_PREFETCH(const void *p) noexcept nogil
@@ -436,104 +434,3 @@ def pack_group(
             stack_next,
         )
     return -failed
-
-
-# ---------------------------------------------------------------------------------------------
-# Packed rows
-
-
-# Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
-@cython.embedsignature(False)
-def fill_packed(
-    const token_t[::1] anchor,
-    const uint64_t[::1] addresses,
-    const int64_t[::1] lengths,
-    const int64_t[::1] row_offsets,
-    const int64_t[::1] rows,
-    Py_ssize_t first_row,
-    int64_t pad,
-    out_t[:, ::1] input_ids,
-    out_t[:, ::1] labels,
-    uint8_t[:, ::1] label_continues,
-    out_t[:, ::1] position_ids,
-    int32_t[:, ::1] document_ids,
-):
-    """fill_packed(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] lengths, const int64_t[::1] row_offsets, const int64_t[::1] rows, Py_ssize_t first_row, int64_t pad, out_t[:, ::1] input_ids, out_t[:, ::1] labels, uint8_t[:, ::1] label_continues, out_t[:, ::1] position_ids, int32_t[:, ::1] document_ids) -> bool
-
-    Row ``first_row + k`` of the batch is row ``t = rows[k]`` of the table: pieces
-    ``row_offsets[t] .. row_offsets[t + 1] - 1`` laid side by side from slot 0 of ``block + 1``
-    slots, piece ``i`` the ``lengths[i]`` tokens of the
-    corpus dtype (``anchor``'s, which only picks the specialisation) from address
-    ``addresses[i]``; the slots after them ``pad``. ``input_ids`` gets slots ``[0, block)``,
-    ``labels`` slots ``[1, block + 1)``, ``label_continues`` 1 where the label continues the
-    piece of the slot before it (0 at a piece's first token and in the padding),
-    ``position_ids`` each input slot's place in its piece and ``document_ids`` its piece's
-    number in the row, the padding counting as a piece of its own. The last three may be
-    None, and are then not written. Tokens and position ids are written in ``out_t`` (int64 or
-    int32); returns False when a token does not fit it (the rows are then wrong and must not
-    be handed out).
-
-    The caller guarantees: every address readable for its piece's length (a piece of a shard
-    the caller keeps alive), every length >= 1, each table row's lengths summing to at most
-    ``block + 1``, ``row_offsets`` nondecreasing from 0 to ``len(lengths)``, every ``rows[k]``
-    a table row (below ``len(row_offsets) - 1``), ``first_row + len(rows)`` at most the
-    buffers' rows, every buffer of width ``block`` and ``pad`` (and ``block``) fitting out_t.
-    """
-    cdef Py_ssize_t count = rows.shape[0], block = input_ids.shape[1]
-    cdef Py_ssize_t k, r, t, i, j, slot, length, inputs, piece
-    cdef bint write_mask = label_continues is not None
-    cdef bint write_positions = position_ids is not None
-    cdef bint write_documents = document_ids is not None
-    cdef const token_t *tokens
-    cdef out_t *inputs_row
-    cdef out_t *labels_row
-    cdef uint64_t outside = 0
-    with nogil:
-        for k in range(count):
-            r = first_row + k
-            t = rows[k]
-            inputs_row = &input_ids[r, 0]
-            labels_row = &labels[r, 0]
-            slot = 0
-            piece = 0
-            for i in range(row_offsets[t], row_offsets[t + 1]):
-                tokens = <const token_t *><uintptr_t>addresses[i]
-                length = lengths[i]
-                # Inputs are the slots below block; slot + length <= block + 1.
-                inputs = min(length, block - slot)
-                for j in range(inputs):
-                    inputs_row[slot + j] = <out_t>tokens[j]
-                    outside |= outside_out(tokens[j], inputs_row)
-                # Labels straight from the tokens (reading them back from inputs_row right
-                # after writing it stalls when the two rows' addresses alias modulo 4 KiB):
-                # slot slot + j is label slot + j - 1, for slot + j in [1, block].
-                for j in range(1 if slot == 0 else 0, min(length, block + 1 - slot)):
-                    labels_row[slot + j - 1] = <out_t>tokens[j]
-                # The last slot is a label only.
-                if slot + length > block:
-                    outside |= outside_out(tokens[block - slot], inputs_row)
-                if write_mask:
-                    if slot > 0:
-                        label_continues[r, slot - 1] = 0
-                    for j in range(1, length):
-                        label_continues[r, slot + j - 1] = 1
-                if write_positions:
-                    for j in range(inputs):
-                        position_ids[r, slot + j] = <out_t>j
-                if write_documents:
-                    for j in range(inputs):
-                        document_ids[r, slot + j] = <int32_t>piece
-                slot += length
-                piece += 1
-            # The padding: slots slot .. block (the last is a label only).
-            for j in range(slot, block):
-                inputs_row[j] = <out_t>pad
-                if write_positions:
-                    position_ids[r, j] = <out_t>(j - slot)
-                if write_documents:
-                    document_ids[r, j] = <int32_t>piece
-            for j in range(max(slot, 1), block + 1):
-                labels_row[j - 1] = <out_t>pad
-                if write_mask:
-                    label_continues[r, j - 1] = 0
-    return outside == 0

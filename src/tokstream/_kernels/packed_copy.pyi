@@ -1,0 +1,22 @@
+"""Stubs for the compiled packed rows' copy ``tokstream._kernels.packed_copy``."""
+
+import numpy as np
+import numpy.typing as npt
+
+#: A batch buffer: the stream's out_dtype (``out_t``: int64 or int32).
+Out = npt.NDArray[np.int64] | npt.NDArray[np.int32]
+
+def fill_packed(
+    anchor: npt.NDArray[np.integer],  # const token_t[::1]
+    addresses: npt.NDArray[np.uint64],  # const uint64_t[::1]
+    lengths: npt.NDArray[np.int64],  # const int64_t[::1]
+    row_offsets: npt.NDArray[np.int64],  # const int64_t[::1]
+    rows: npt.NDArray[np.int64],  # const int64_t[::1]
+    first_row: int,  # Py_ssize_t
+    pad: int,  # int64_t
+    input_ids: Out,  # out_t[:, ::1]
+    labels: Out,  # out_t[:, ::1]
+    label_continues: npt.NDArray[np.uint8] | None,  # uint8_t[:, ::1]
+    position_ids: Out | None,  # out_t[:, ::1]
+    document_ids: npt.NDArray[np.int32] | None,  # int32_t[:, ::1]
+) -> bool: ...  # False: a token does not fit the output dtype
