@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tokstream import bench
-from tokstream.bench import baselines
+from tokstream.bench import baselines, harness
 
 SHAPES = list(bench.SHAPES)
 DTYPES = ["int64", "uint16"]
@@ -55,7 +55,7 @@ def test_throughput(benchmark, settings, corpora, results, shape, dtype, shuffle
     )
     first = next(batches)
     expected = _reference_first_batch(ids, dtype, shuffle, block, batch_size, settings.seed)
-    baselines.check_identical({"reference": expected, path: first}, block, against="reference")
+    harness.check_identical({"reference": expected, path: first}, block, against="reference")
     del first
 
     windows_per_round = benchmark.pedantic(

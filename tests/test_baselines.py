@@ -9,7 +9,7 @@ import pytest
 
 import tokstream
 from tokstream import bench
-from tokstream.bench import baselines
+from tokstream.bench import baselines, harness
 
 NUMPY_LOADERS = ["reference", "best_numpy", "fast", "fast_reuse", "fast_one_buffer", "c_loop"]
 
@@ -203,8 +203,8 @@ def _first_batches(block: int = 4, batch_size: int = 8) -> dict:
 
 def test_check_identical_accepts_every_paths_first_batch():
     first = _first_batches()
-    baselines.check_identical(first, 4)
-    baselines.check_identical(first, 4, against="reference")
+    harness.check_identical(first, 4)
+    harness.check_identical(first, 4, against="reference")
 
 
 def test_check_identical_takes_tokstreams_paths_in_out_dtype_and_the_others_in_int64():
@@ -219,9 +219,9 @@ def test_check_identical_takes_tokstreams_paths_in_out_dtype_and_the_others_in_i
         ]
     }
     assert first["fast"][0].dtype == np.int32
-    baselines.check_identical(first, 4, out_dtype="int32")
+    harness.check_identical(first, 4, out_dtype="int32")
     with pytest.raises(ValueError, match="'fast' yielded a different first batch"):
-        baselines.check_identical(first, 4, against="reference")
+        harness.check_identical(first, 4, against="reference")
 
 
 @pytest.mark.parametrize(
@@ -239,7 +239,7 @@ def test_check_identical_refuses_a_path_that_does_a_different_job(path, spoil):
     first[path] = spoil(first[path])
     against = "reference" if path == "fast" else "fast"
     with pytest.raises(ValueError, match=f"path {path!r} yielded a different first batch"):
-        baselines.check_identical(first, 4, against=against)
+        harness.check_identical(first, 4, against=against)
 
 
 def test_ratios_name_measured_paths_and_labels_cover_every_path():

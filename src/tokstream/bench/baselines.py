@@ -24,8 +24,8 @@ window (its ``len()`` is the batch's window count):
     that is fastest on this machine: the single-thread random-window limit.
 
 :data:`PATH_LABELS` names the paths in tables and plots; :data:`RATIOS` and :func:`ratio` are the
-figures every report derives from them; :func:`check_identical` is the first-batch check that must
-pass before any path is timed.
+figures every report derives from them. The first-batch check that must pass before any path is
+timed is :func:`tokstream.bench.harness.check_identical`.
 
 Like the stream, every path draws its epoch order (``RandomState(seed).permutation(n)``, or the
 random offsets of ``copy_limit``) when its first batch is requested, not when it is called: a
@@ -61,7 +61,6 @@ __all__ = [
     "best_c_loop_distance",
     "best_numpy",
     "c_loop",
-    "check_identical",
     "copy_limit",
     "fast",
     "fast_one_buffer",
@@ -468,40 +467,3 @@ def ratio(top: str, bottom: str, top_rate: float, bottom_rate: float, block: int
     if bottom == "gather_limit":
         top_rate /= block
     return top_rate / bottom_rate
-
-
-def _as_numpy(value: Any) -> np.ndarray:
-    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
-
-
-def check_identical(
-    first: dict[str, tuple[Any, ...]], block: int, against: str = "fast", out_dtype: str = "int64"
-) -> None:
-    """Raise ValueError unless every path's first batch agrees with the ``against`` path's.
-
-    ``first`` maps path names to their first batch and must hold ``against``, a loader. Loaders
-    must yield its windows and next tokens (the same values in the same order; int64, or
-    ``out_dtype`` for the :data:`FAST_PATHS`); the gather limit must hold each window's first
-    token; the copy limit must have the windows' shape. A path that fails is not doing the same
-    job, so timing it would compare unlike with unlike.
-    """
-    windows, next_tokens = (_as_numpy(part) for part in first[against])
-    for path, batch in first.items():
-        if path in LOADERS:
-            got_windows, got_next = (_as_numpy(part) for part in batch)
-            dtype = np.dtype(out_dtype if path in FAST_PATHS else np.int64)
-            same = (
-                got_windows.dtype == dtype
-                and got_next.dtype == dtype
-                and np.array_equal(got_windows, windows)
-                and np.array_equal(got_next, next_tokens)
-            )
-        elif path == "gather_limit":
-            same = np.array_equal(batch[0], windows[:, 0])
-        else:
-            same = batch[0].shape == windows.shape
-        if not same:
-            raise ValueError(
-                f"path {path!r} yielded a different first batch from the {against} path at "
-                f"block={block}; refusing to time it"
-            )

@@ -2,7 +2,7 @@
 
 The protocol of docs/benchmarks.md: every path of :mod:`tokstream.bench.baselines` runs in one
 process on the same corpus; each path's first batch is drawn untimed and checked against the fast
-path's (:func:`tokstream.bench.baselines.check_identical`); the timed rounds then take turns
+path's (:func:`check_identical`); the timed rounds then take turns
 between the paths, so the ratios come from the same minutes of the same machine. The results are
 :class:`Case` objects, which :mod:`tokstream.bench.report` renders.
 
@@ -201,7 +201,7 @@ def measure_case(
         )
         first[path] = next(iterator)
         iterators[path] = iterator
-    baselines.check_identical(first, case.block, out_dtype=out_dtype)
+    check_identical(first, case.block, out_dtype=out_dtype)
     del first
     per_window = {path: 1 if path == "gather_limit" else case.block for path in paths}
     case.rates = {path: [] for path in paths}
@@ -288,3 +288,40 @@ def consume(batches: Iterator[tuple[Any, ...]], count: int) -> int:
     for batch in islice(batches, count):
         windows += len(batch[0])
     return windows
+
+
+def _as_numpy(value: Any) -> np.ndarray:
+    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+
+
+def check_identical(
+    first: dict[str, tuple[Any, ...]], block: int, against: str = "fast", out_dtype: str = "int64"
+) -> None:
+    """Raise ValueError unless every path's first batch agrees with the ``against`` path's.
+
+    ``first`` maps path names to their first batch and must hold ``against``, a loader. Loaders
+    must yield its windows and next tokens (the same values in the same order; int64, or
+    ``out_dtype`` for the :data:`baselines.FAST_PATHS`); the gather limit must hold each
+    window's first token; the copy limit must have the windows' shape. A path that fails is not
+    doing the same job, so timing it would compare unlike with unlike.
+    """
+    windows, next_tokens = (_as_numpy(part) for part in first[against])
+    for path, batch in first.items():
+        if path in baselines.LOADERS:
+            got_windows, got_next = (_as_numpy(part) for part in batch)
+            dtype = np.dtype(out_dtype if path in baselines.FAST_PATHS else np.int64)
+            same = (
+                got_windows.dtype == dtype
+                and got_next.dtype == dtype
+                and np.array_equal(got_windows, windows)
+                and np.array_equal(got_next, next_tokens)
+            )
+        elif path == "gather_limit":
+            same = np.array_equal(batch[0], windows[:, 0])
+        else:
+            same = batch[0].shape == windows.shape
+        if not same:
+            raise ValueError(
+                f"path {path!r} yielded a different first batch from the {against} path at "
+                f"block={block}; refusing to time it"
+            )
