@@ -1,14 +1,13 @@
 """``tokstream.split``: a deterministic partition of a corpus by a keyed hash of each unit's index.
 
-The oracle below assigns units in pure Python (``math.log``, Python integers modulo ``2**64``,
-one unit at a time) and cuts the corpus with list slicing; the split corpora must hold exactly
+The oracle assigns units in pure Python (``fuzz.split_model.split_owners``: ``math.log``, Python
+integers modulo ``2**64``, one unit at a time, shared with the fuzz model) and cuts the corpus
+with list slicing; the split corpora must hold exactly
 its runs, in order, with their documents.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 import pickle
 import sys
 
@@ -18,10 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tokstream
+from fuzz.split_model import split_owners
 from tokstream import Corpus, Mixture, mix, split, stream_token_source, write_tokens
 from tokstream.split import RANGE_TOKENS, assign
-
-MASK = (1 << 64) - 1
 
 
 @pytest.fixture(scope="module", autouse=True, params=["listed runs", "runs read by a source"])
@@ -34,36 +32,6 @@ def runs_held(request):
         yield request.param
 
 
-def oracle_assign(num_units: int, fractions: dict[str, float], seed: int) -> list[str]:
-    """Each unit's split name: the smallest -ln(u_name(i)) / fraction, ties to the first name."""
-
-    def key(name: str) -> int:
-        digest = hashlib.blake2b(
-            name.encode(), digest_size=8, key=seed.to_bytes(8, "little"), person=b"tokstrsp"
-        )
-        return int.from_bytes(digest.digest(), "little")
-
-    def uniform(z: int) -> float:
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-        z ^= z >> 31
-        return ((z >> 11) + 0.5) / 2**53
-
-    keys = {name: key(name) for name in fractions}
-    owners = []
-    for unit in range(num_units):
-        scores = [
-            (
-                -math.log(uniform((keys[name] + (unit + 1) * 0x9E3779B97F4A7C15) & MASK))
-                / fractions[name],
-                name,
-            )
-            for name in sorted(fractions)
-        ]
-        owners.append(min(scores)[1])
-    return owners
-
-
 def oracle_split(shards, documents, fractions, seed, range_tokens):
     """``{name: [(tokens, document boundaries or None), ...]}``: one entry per run."""
     has_documents = any(d is not None for d in documents)
@@ -73,7 +41,7 @@ def oracle_split(shards, documents, fractions, seed, range_tokens):
             bounds.append(list(offsets) if offsets is not None else [0, len(tokens)])
         else:
             bounds.append([*range(0, len(tokens), range_tokens), len(tokens)])
-    owners = oracle_assign(sum(len(b) - 1 for b in bounds), fractions, seed)
+    owners = split_owners(sum(len(b) - 1 for b in bounds), fractions, seed)
     runs = {name: [] for name in fractions}
     unit = 0
     for tokens, shard_bounds in zip(shards, bounds, strict=True):
@@ -159,7 +127,7 @@ def test_split_corpora_are_the_oracles_runs_with_their_documents(
 def test_assign_matches_the_oracle_unit_by_unit(num_units, fractions, seed):
     names = list(fractions)
     got = [names[i] for i in assign(num_units, fractions, seed)]
-    assert got == oracle_assign(num_units, fractions, seed)
+    assert got == split_owners(num_units, fractions, seed)
 
 
 # ------------------------------------------------------------------ the stated properties
