@@ -1,9 +1,8 @@
 """``tokstream.split``: a deterministic partition of a corpus by a keyed hash of each unit's index.
 
-The oracle assigns units in pure Python (``fuzz.split_model.split_owners``: ``math.log``, Python
-integers modulo ``2**64``, one unit at a time, shared with the fuzz model) and cuts the corpus
-with list slicing; the split corpora must hold exactly
-its runs, in order, with their documents.
+The oracle is the fuzz model's (``fuzz.split_model``: units assigned in pure Python, ``math.log``,
+Python integers modulo ``2**64``, one unit at a time, and the corpus cut with slicing); the split
+corpora must hold exactly its runs, in order, with their documents.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tokstream
-from fuzz.split_model import split_owners
+from fuzz.split_model import model_split, split_owners
 from tokstream import Corpus, Mixture, mix, split, stream_token_source, write_tokens
 from tokstream.split import RANGE_TOKENS, assign
 
@@ -33,31 +32,12 @@ def runs_held(request):
 
 
 def oracle_split(shards, documents, fractions, seed, range_tokens):
-    """``{name: [(tokens, document boundaries or None), ...]}``: one entry per run."""
+    """``{name: [(tokens, document boundaries or None), ...]}``: the fuzz model's runs, as lists
+    (``shards_of`` gives a split corpus's runs in the same form)."""
     has_documents = any(d is not None for d in documents)
-    bounds = []
-    for tokens, offsets in zip(shards, documents, strict=True):
-        if has_documents:
-            bounds.append(list(offsets) if offsets is not None else [0, len(tokens)])
-        else:
-            bounds.append([*range(0, len(tokens), range_tokens), len(tokens)])
-    owners = split_owners(sum(len(b) - 1 for b in bounds), fractions, seed)
-    runs = {name: [] for name in fractions}
-    unit = 0
-    for tokens, shard_bounds in zip(shards, bounds, strict=True):
-        previous = None
-        for begin, end in zip(shard_bounds[:-1], shard_bounds[1:], strict=True):
-            owner = owners[unit]
-            unit += 1
-            if owner != previous:
-                runs[owner].append([list(tokens[begin:end]), [0, end - begin]])
-            else:
-                run = runs[owner][-1]
-                run[0] += list(tokens[begin:end])
-                run[1].append(len(run[0]))
-            previous = owner
+    runs = model_split(shards, documents, fractions, seed, range_tokens)
     return {
-        name: [(tokens, bounds if has_documents else None) for tokens, bounds in name_runs]
+        name: [(tokens.tolist(), bounds if has_documents else None) for tokens, bounds in name_runs]
         for name, name_runs in runs.items()
     }
 
