@@ -1,9 +1,11 @@
 """Damaged inputs and damaged outputs of tokstream tokenize: one ValueError naming the file.
 
-A truncated or corrupt ``.gz`` input, and a tokenize directory whose manifest, shards or
+A truncated or corrupt ``.gz`` input, and a tokenize directory whose manifests, shards or
 document files were cut short, overwritten or edited, must each be a ValueError (or an OSError
 for a missing file) whose message names the file, from the library and from ``tokstream
-inspect``/``tokenize`` as one line with exit code 1, never a traceback.
+inspect``/``tokenize`` as one line with exit code 1, never a traceback. ``open_tokens(DIR)``
+reads ``DIR/manifest.json`` and each shard when it is first read; ``DIR/tokstream.json`` (the
+job's record) when the directory has no ``manifest.json``.
 """
 
 from __future__ import annotations
@@ -139,9 +141,13 @@ def tokenized_directory(tmp_path: Path, tokenizer_file: Path, format: str) -> Pa
 
 
 def assert_clean_refusal(directory: Path, named: list[Path]) -> None:
-    """open_tokens either reads the directory or refuses it naming a file; inspect likewise."""
+    """open_tokens either reads the directory (every shard and the documents: through a
+    manifest they are read when first needed) or refuses it naming a file; inspect likewise."""
     try:
-        open_tokens(directory)
+        corpus = open_tokens(directory)
+        assert corpus.has_documents and corpus.document_boundaries.shape[0] > 1
+        for shard in corpus.shards:
+            assert shard.shape[0] >= 0
     except (ValueError, OSError) as exc:
         assert any(str(path) in str(exc) for path in named), exc
     code, _, stderr = run("inspect", str(directory))
@@ -154,6 +160,8 @@ def assert_clean_refusal(directory: Path, named: list[Path]) -> None:
 @pytest.mark.parametrize("damage", list(MANIFEST_DAMAGE))
 def test_a_damaged_manifest_is_refused_naming_it(tmp_path, tokenizer_file, format, damage):
     out = tokenized_directory(tmp_path, tokenizer_file, format)
+    # Without its table of contents the directory is opened through the job's record.
+    (out / "manifest.json").unlink()
     edit_manifest(out, MANIFEST_DAMAGE[damage])
     with pytest.raises((ValueError, OSError)):
         open_tokens(out)

@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
@@ -17,7 +18,7 @@ from tokstream.bench.report import markdown_table
 from tokstream.cli import _inspect_step
 from tokstream.cli._common import PROG, dtype_name, positive
 from tokstream.corpus import Corpus
-from tokstream.formats import megatron
+from tokstream.formats import megatron, tokenized
 from tokstream.packing import packing_summary
 
 
@@ -87,7 +88,9 @@ def summarize(
 ) -> FileSummary:
     """Open ``path`` with :func:`tokstream.files.open_tokens` and describe it."""
     listed = manifest.find(path) if format is None else None
-    detected = "manifest" if listed else files.detect_format(path) if format is None else format
+    # A tokenize directory is read through its manifest.json but named by its shards' format.
+    ours = listed is not None and not tokenized.is_directory(Path(path))
+    detected = "manifest" if ours else files.detect_format(path) if format is None else format
     corpus = files.open_tokens(path, dtype=dtype, format=format, column=column)
     # The boundaries of windows="within" (one scan for eos, which also counts its tokens).
     documents = corpus.document_boundaries if eos is None else corpus.boundaries_with_eos(eos)

@@ -6,6 +6,10 @@ run that stopped are recorded beside it, see :mod:`tokstream.tokenize.output`, a
 them). Entries may hold more (the input range a shard was made from). Megatron shards hold their
 documents in their index; the other formats get a ``.documents.npy`` beside each shard: the
 int64 document offsets, from 0 to the shard's token count.
+
+A complete directory also holds ``manifest.json`` (:mod:`tokstream.manifest`, written by the
+job last), which :func:`tokstream.open_tokens` reads instead: :func:`read` serves a directory
+without one.
 """
 
 from __future__ import annotations

@@ -10,7 +10,10 @@ Shards are made in any order (:mod:`tokstream.tokenize.task`); each one finished
 by a line appended to ``DIR/.partial.shards`` (its index and manifest entry), so recording is
 O(1) however many shards there are. A rerun after a kill keeps every shard recorded there and
 makes only the others; the last line, if the kill cut it, is dropped. When every shard is
-made, the manifest lists them in order and is marked complete, and the record is removed.
+made, the manifest lists them in order and is marked complete, the record is removed, and
+``DIR/manifest.json`` (:mod:`tokstream.manifest`) is written last: what ``open_tokens(DIR)``
+reads instead of every shard. It exists only in a complete directory (a rerun of a complete one
+that lacks it writes it).
 """
 
 from __future__ import annotations
@@ -23,13 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from tokstream.formats import tokenized
+from tokstream.manifest import MANIFEST_NAME, write_manifest
 
 LOCK = ".tokstream.lock"
 FINISHED = ".partial.shards"
-#: The files a tokenize job writes (shards, document offsets, Megatron's pair, its record).
-OWN_FILE = re.compile(r"shard_\d{6,}(\.npy|\.bin|\.idx|\.documents\.npy)?|\.partial\.\w+")
+#: The files a tokenize job writes (shards, document offsets, Megatron's pair, its record, the
+#: table of contents).
+OWN_FILE = re.compile(
+    r"shard_\d{6,}(\.npy|\.bin|\.idx|\.documents\.npy)?|\.partial\.\w+"
+    r"|manifest(\.json|\.documents\.npy)"
+)
 #: The temporary files its writers leave when killed (formats._common.atomic_writer's names).
-OWN_TEMPORARY = re.compile(r"\.(shard_\d{6,}\S*|tokstream\.json)\.[0-9a-f]+\.tmp")
+OWN_TEMPORARY = re.compile(r"\.(shard_\d{6,}\S*|tokstream\.json|manifest\S*)\.[0-9a-f]+\.tmp")
 
 
 class Lock:
@@ -140,7 +148,10 @@ class Output:
                 tokenized.save(directory, manifest)
             elif manifest.pop("failed", None) is not None:
                 tokenized.save(directory, manifest)
-            return cls(directory, manifest, lock)
+            out = cls(directory, manifest, lock)
+            if out.complete and not (directory / MANIFEST_NAME).is_file():
+                _write_contents(directory)  # a run killed just before it wrote them
+            return out
         except BaseException:
             lock.release()
             raise
@@ -177,6 +188,7 @@ class Output:
         self.complete = True
         self._close_record()
         (self.directory / FINISHED).unlink(missing_ok=True)
+        _write_contents(self.directory)
 
     def fail(self, error: BaseException) -> None:
         """Record that the run stopped on ``error``, so that a changed rerun may start over."""
@@ -192,6 +204,12 @@ class Output:
     def release(self) -> None:
         self._close_record()
         self.lock.release()
+
+
+def _write_contents(directory: Path) -> None:
+    """``DIR/manifest.json``: the table of contents ``open_tokens(DIR)`` reads (one file, shards
+    mapped on first read) instead of opening every shard."""
+    write_manifest(directory, directory / MANIFEST_NAME)
 
 
 def _is_record(record: Any) -> bool:
