@@ -87,6 +87,26 @@ def test_a_stream_run_to_its_end_then_closed_leaves_no_thread_and_no_connection(
     assert proxied_bucket.proxy.wait_until_no_connection(besides=ports) == []
 
 
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_stream_run_to_its_end_ends_its_thread_and_connections_without_close(
+    files, proxied_bucket, prefetch
+):
+    local, url = files
+    before, ports = set(threading.enumerate()), proxied_bucket.proxy.ports()
+    far = stream(open_remote(url), prefetch=prefetch, epochs=2)
+    assert_same(far, stream(local, epochs=2))
+    assert new_threads(before) == []
+    assert proxied_bucket.proxy.wait_until_no_connection(besides=ports) == []
+    # Moved back, it fetches again, and ends again at its end.
+    far.seek(1)
+    assert_same(far, as_list(stream(local, epochs=2))[1:])
+    assert new_threads(before) == []
+    far.load_state_dict(stream(local).state_dict())
+    assert_same(far, stream(local, epochs=2))
+    assert new_threads(before) == []
+    assert proxied_bucket.proxy.wait_until_no_connection(besides=ports) == []
+
+
 def test_opening_alone_leaves_no_thread_and_no_connection(files, proxied_bucket):
     local, url = files
     before, ports = set(threading.enumerate()), proxied_bucket.proxy.ports()
@@ -130,11 +150,12 @@ import json, sys, threading, tokstream
 from tokstream.remote import RemoteOptions
 url, cache = sys.argv[1], sys.argv[2] or None
 corpus = tokstream.open_tokens(url, remote=RemoteOptions(cache_dir=cache))
-stream = tokstream.stream_token_source(corpus, 16, 32, seed=2, epochs=2, prefetch=2)
+epochs = 10**6 if sys.argv[3] == "interrupt" else 2  # interrupted: still running at SIGINT
+stream = tokstream.stream_token_source(corpus, 16, 32, seed=2, epochs=epochs, prefetch=2)
 if sys.argv[3] == "interrupt":
     next(stream)
-    print("ready", flush=True)
-    try:
+    try:  # the parent sends SIGINT as soon as it reads "ready": print it inside the try
+        print("ready", flush=True)
         for batch in stream:
             pass
     except KeyboardInterrupt:

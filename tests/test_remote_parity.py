@@ -202,24 +202,6 @@ def test_a_remote_corpus_sent_to_a_spawned_process_streams_the_same_batches(pair
     assert_same(got, tokstream.stream_token_source(local, 16, 32, seed=12))
 
 
-def loaded(corpus, context: str) -> list:
-    from torch.utils.data import DataLoader
-
-    from tokstream.torch import TokenDataset
-
-    dataset = TokenDataset(corpus, 16, 32, seed=6)
-    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context)
-    return [tuple(t.numpy() for t in batch) for batch in loader]
-
-
-def test_forked_dataloader_workers_are_told_to_spawn_rather_than_left_hanging(pair):
-    # obstore's runtime does not survive fork(): a forked worker reading the corpus would hang.
-    pytest.importorskip("torch")
-    local, far = pair("npy")
-    with pytest.raises(RuntimeError, match="spawn"):
-        loaded(far, "fork")
-
-
 def test_the_same_windows_come_from_one_url_or_a_list_of_urls(corpora, s3_env):
     local, url = corpora("npy")
     prefix = url.rsplit("/", 1)[0]

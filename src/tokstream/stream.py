@@ -235,6 +235,10 @@ class TokenStream(Iterator[Batch]):
             batch = windows, labels
         # One assignment once the batch is made: an interrupt or a refused batch moves neither.
         self._cursor, self._ring_next = order.after(cursor), self._ring_after
+        if self._cursor.epoch >= options.epochs and self._fill.residency is not None:
+            # The run's last batch: its fetch thread and connections end now, not at close()
+            # (a seek or a loaded state starts them again).
+            self._fill.residency.close()
         return batch
 
     def _ring_slot(self) -> dict[str, np.ndarray]:

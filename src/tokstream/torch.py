@@ -60,7 +60,7 @@ from tokstream import _validate
 from tokstream._options import stream_signature
 from tokstream.stream import TokenStream, stream_source
 
-__all__ = ["TensorBatch", "TokenDataset", "block_mask"]
+__all__ = ["TensorBatch", "TokenDataset", "block_mask", "data_loader"]
 
 #: A batch as the dataset yields it: ``(windows, targets)`` tensors of ``out_dtype`` (int64 by
 #: default, ``torch.int32`` with ``out_dtype="int32"``), or with ``extras``
@@ -286,6 +286,57 @@ class TokenDataset(IterableDataset):  # type: ignore[misc]  # torch is Any to my
             f"TokenDataset(rank={self.rank}/{self.world_size}, windows="
             f"{self.corpus.num_windows(self.options.block)}, {self.options})"
         )
+
+
+def data_loader(
+    dataset: TokenDataset,
+    *,
+    num_workers: int | None = None,
+    multiprocessing_context: Any = None,
+    loader_class: Any = None,
+    **kwargs: Any,
+) -> Any:
+    """A ``DataLoader(dataset, batch_size=None, ...)`` whose workers can read the dataset.
+
+    ``num_workers`` defaults to the dataset's own (0 when it was given none). A corpus in object
+    storage cannot be read in a worker forked from this process (the client's runtime does not
+    survive ``fork()``), so for such a corpus with workers and no ``multiprocessing_context``,
+    the workers are spawned: each unpickles the dataset (the corpus' URLs and headers), sees
+    this process' environment as it is then (credentials, endpoint) and fetches on its own
+    (``"forkserver"`` workers would see the environment of the first time a forkserver was
+    started instead). A local corpus keeps
+    PyTorch's default (``fork`` on Linux). ``loader_class`` is ``torch.utils.data.DataLoader``
+    unless given (torchdata's ``StatefulDataLoader`` for resumable loading); ``kwargs`` go to it.
+
+    Raises
+    ------
+    ValueError
+        ``multiprocessing_context`` is ``"fork"`` (or a fork context) for a corpus in object
+        storage with workers.
+    """
+    from tokstream.remote._resident import reads_object_storage
+
+    if loader_class is None:
+        loader_class = torch.utils.data.DataLoader
+    if num_workers is None:
+        num_workers = dataset.num_workers or 0
+    if num_workers and reads_object_storage(dataset.corpus):
+        if multiprocessing_context is None:
+            multiprocessing_context = "spawn"
+        method = getattr(multiprocessing_context, "get_start_method", lambda: None)()
+        if (method or multiprocessing_context) == "fork":
+            raise ValueError(
+                "multiprocessing_context='fork' cannot serve a corpus in object storage: the "
+                "client's runtime does not survive fork(), so forked workers could not read it; "
+                "leave it None (spawn is chosen) or pass 'spawn' or 'forkserver'"
+            )
+    return loader_class(
+        dataset,
+        batch_size=None,
+        num_workers=num_workers,
+        multiprocessing_context=multiprocessing_context,
+        **kwargs,
+    )
 
 
 def _tensors(stream: TokenStream) -> Iterator[TensorBatch]:

@@ -146,6 +146,16 @@ class _Advisor:
         return max(1, int(windows_index.shape[0]))
 
 
+def reads_object_storage(source: Any) -> bool:
+    """Whether any shard of a corpus (or of a mixture's sources) lives in object storage."""
+    sources = getattr(source, "sources", None)  # a tokstream.mix() mixture
+    corpora = list(sources.values()) if isinstance(sources, dict) else [source]
+    return any(
+        corpus.source is None and any(remote_tokens_of(s) is not None for s in corpus.shards)
+        for corpus in corpora
+    )
+
+
 def present(shard: np.ndarray, start: int = 0, stop: int | None = None) -> np.ndarray:
     """``shard[start:stop]``, its bytes fetched first when the shard is remote.
 

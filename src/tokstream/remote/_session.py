@@ -27,6 +27,36 @@ from tokstream.remote._memory import GRANULE, ObjectBytes
 #: A requested range: (object, first byte, end byte).
 Request = tuple[ObjectBytes, int, int]
 
+#: The process in which this module first used the client (0: none yet). A process forked
+#: from it inherits the number; see :func:`check_process`.
+_client_pid = 0
+
+_FORKED = (
+    "a remote corpus cannot be read in a process forked from one that had used the "
+    "object-store client: obstore's runtime does not survive fork(), so a request here would "
+    "wait forever; start the process with the 'spawn' or 'forkserver' multiprocessing context, "
+    "which pickles the corpus (for DataLoader workers, tokstream.torch.data_loader chooses one)"
+)
+
+
+def check_process() -> None:
+    """Raise RuntimeError in a process forked from one that had used the client.
+
+    obstore runs every request on one process-wide runtime (tokio) whose threads are not in a
+    forked child, so a request made there waits forever: whatever the child reads, a corpus
+    inherited, unpickled or opened anew, it fails at once with this error instead. A process
+    started with "spawn" or "forkserver" begins without the runtime and reads normally.
+    """
+    if _client_pid and _client_pid != os.getpid():
+        raise RuntimeError(_FORKED)
+
+
+def _used_in_this_process() -> None:
+    global _client_pid
+    if not _client_pid:
+        _client_pid = os.getpid()
+
+
 #: Ranges fetched ahead but never consumed (a stream that jumped) are forgotten past this many.
 _MAX_PENDING = 1 << 20
 
@@ -43,7 +73,6 @@ class Session:
         # (object id, start, end) -> the future of the fetch that brings those bytes.
         self._pending: dict[tuple[int, int, int], concurrent.futures.Future[None]] = {}
         self._semaphores: dict[int, asyncio.Semaphore] = {}
-        self._pid = os.getpid()
         #: Bytes and GETs fetched so far (ranges as sent, after coalescing).
         self.bytes_fetched = 0
         self.requests = 0
@@ -51,23 +80,9 @@ class Session:
     def __reduce__(self) -> tuple[Any, ...]:
         return (Session, (self.options,))
 
-    def _after_fork(self) -> None:
-        """Refuse to work in a process forked from the one that opened the corpus.
-
-        obstore's runtime (tokio) does not survive ``fork()``: its threads are not in the
-        child, and a request there would wait forever. A spawned process (a DataLoader with
-        ``multiprocessing_context="spawn"`` or ``"forkserver"``) unpickles the corpus and makes
-        its own.
-        """
-        if self._pid != os.getpid():
-            raise RuntimeError(
-                "a remote corpus cannot be read in a process forked from the one that opened "
-                "it (obstore's runtime does not survive fork()); start DataLoader workers with "
-                "multiprocessing_context='spawn' (or 'forkserver'), which pickle the corpus"
-            )
-
     def client(self, root: str) -> Client:
-        self._after_fork()
+        check_process()
+        _used_in_this_process()
         with self._lock:
             client = self._clients.get(root)
             if client is None:
@@ -76,6 +91,11 @@ class Session:
 
     def run(self, coroutine: Any) -> Any:
         """Run a coroutine of this session's clients on its loop and wait for it."""
+        try:
+            check_process()
+        except RuntimeError:
+            coroutine.close()  # never awaited: closed, so no warning says it was forgotten
+            raise
         return self._loop.run(coroutine)
 
     # ------------------------------------------------------------------ fetching
@@ -110,7 +130,7 @@ class Session:
 
     def _schedule(self, requests: Iterable[Request]) -> list[concurrent.futures.Future[None]]:
         """The futures the requested ranges wait on, after scheduling those not under way."""
-        self._after_fork()
+        check_process()
         waits: dict[int, concurrent.futures.Future[None]] = {}
         keys: list[tuple[int, int, int]] = []
         spans: list[Request] = []
