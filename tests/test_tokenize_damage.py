@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import byte_level_bpe
 from tokstream import cli, open_tokens
 from tokstream.formats import tokenized
+from tokstream.manifest import verify_manifest
 from tokstream.tokenize import tokenize_files
 
 pytest.importorskip("tokenizers")
@@ -176,6 +177,11 @@ def test_a_damaged_shard_or_documents_file_is_refused_naming_it(
     out = tokenized_directory(tmp_path, tokenizer_file, format)
     for path in sorted(p for p in out.iterdir() if p.name != tokenized.MANIFEST):
         original = path.read_bytes()
-        path.write_bytes(FILE_DAMAGE[damage](original))
+        damaged = FILE_DAMAGE[damage](original)
+        path.write_bytes(damaged)
         assert_clean_refusal(out, [out, path])
+        if path.name.startswith("shard_") and damaged != original:
+            # Every damage is found by verifying the manifest, the damaged file named alone.
+            problems = verify_manifest(out)
+            assert len(problems) == 1 and str(path.with_suffix("")) in problems[0], problems
         path.write_bytes(original)

@@ -18,6 +18,10 @@ disagreement is a ValueError naming the file, raised before any of its tokens is
 manifest has the same shards, lengths and documents as the files opened by a glob, so its
 streams' batches, states and fingerprints are the same.
 
+The fingerprints are not checked at first read (that would read every shard's sampled bytes):
+:func:`verify_manifest` (``tokstream manifest --verify MANIFEST``) re-reads every file and
+checks its size, header, documents and fingerprint, naming every file that disagrees.
+
 The manifest is JSON with the shard table stored by column (one list per field), which parses
 an order of magnitude faster than an object per shard: 100,000 shards in well under a second.
 """
@@ -33,20 +37,31 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
-from tokstream._arrays import frozen
 from tokstream._filemap import file_map_of
-from tokstream._shardsource import DEFAULT_CAPACITY, MappedShards
+from tokstream._manifestshards import COLUMNS, KIND, VERSION, ManifestShards
+from tokstream._shardsource import DEFAULT_CAPACITY
 from tokstream._windowing import cumulative
 from tokstream.corpus import Corpus
 from tokstream.formats import megatron
-from tokstream.formats._common import PathLike, Shard, atomic_writer, check_offsets
+from tokstream.formats._common import PathLike, Shard, atomic_writer
 
-KIND = "tokstream manifest"
-VERSION = 1
+__all__ = [
+    "COLUMNS",
+    "FINGERPRINT",
+    "KIND",
+    "MANIFEST_NAME",
+    "VERSION",
+    "ManifestShards",
+    "find",
+    "fingerprint",
+    "load",
+    "open_manifest",
+    "verify_manifest",
+    "write_manifest",
+]
+
 #: The name :func:`tokstream.open_tokens` looks for in a directory.
 MANIFEST_NAME = "manifest.json"
-#: The columns of the shard table, each a list with one value per shard.
-COLUMNS = ("path", "format", "offset", "tokens", "documents", "size", "fingerprint", "batch")
 #: The fingerprint: BLAKE2b-128 of the size and of at most this many sampled bytes of the file
 #: (its first and last 64 KiB and 16 evenly spaced blocks of 4 KiB), so writing a manifest of
 #: terabytes reads a few hundred KiB a file, not the terabytes.
@@ -239,222 +254,64 @@ def open_manifest(
     return Corpus._from_source(source, "token files")
 
 
-class ManifestShards(MappedShards):
-    """The shards a manifest lists, mapped from their files on first use (see the module)."""
+def verify_manifest(path: PathLike) -> list[str]:
+    """Check every file a manifest lists against it; one message per file that disagrees.
 
-    def __init__(self, path: Path, manifest: Any, capacity: int = DEFAULT_CAPACITY) -> None:
-        self.path = path
-        where = f"token file {path}"
-        if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
-            raise ValueError(f'{where}: not a {KIND} (no "kind": {KIND!r})')
-        if manifest.get("version") != VERSION:
-            raise ValueError(
-                f"{where}: manifest version {manifest.get('version')!r}, this tokstream reads "
-                f"version {VERSION}"
-            )
+    ``path``: a manifest, or a directory holding ``manifest.json``. Each shard is read as its
+    first read in a stream reads it (the file's size, its header's format, dtype, token count
+    and first token's byte, its documents) and its file's content fingerprint is computed again
+    (:func:`fingerprint`: every file's sampled bytes are read, so this takes a while for many
+    files). Returns the messages, each starting ``token file PATH:``, in the manifest's order,
+    one per file (a file holding several shards, or a documents file several shards share, is
+    named once); empty when every file agrees.
+
+    Raises FileNotFoundError when ``path`` does not exist; ValueError naming the manifest when
+    it is not one (what :func:`tokstream.open_tokens` refuses), or records fingerprints of
+    another method than :data:`FINGERPRINT`.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"manifest path must be a str or os.PathLike, got {type(path).__name__}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(2, "manifest not found", os.fspath(path))
+    listed = find(path)
+    if listed is None:
+        raise ValueError(
+            f"token file {os.fspath(path)}: not a {KIND} (a .json file `tokstream manifest` "
+            "wrote, or a directory holding manifest.json)"
+        )
+    manifest_path, body = listed
+    source = ManifestShards(manifest_path, body, capacity=1)
+    recorded = body["shards"]["fingerprint"]
+    where = f"token file {manifest_path}"
+    if body.get("fingerprint") != FINGERPRINT:
+        raise ValueError(
+            f"{where}: fingerprints of method {body.get('fingerprint')!r}, this tokstream "
+            f"computes {FINGERPRINT!r}"
+        )
+    if set(map(type, recorded)) - {str}:
+        raise ValueError(f"{where}: every 'fingerprint' must be a string")
+    problems: dict[str, str] = {}  # by the file each names, in the order found
+    computed: dict[str, str] = {}
+    for index in range(len(source)):
+        file = os.fspath(source.file(index))
+        if file in problems:
+            continue
         try:
-            dtype = _validate.integer_dtype(manifest.get("dtype"), "dtype")
-        except TypeError as exc:
-            raise ValueError(f"{where}: bad 'dtype': {exc}") from None
-        if not dtype.isnative:
-            raise ValueError(f"{where}: bad 'dtype': {dtype.str} is not in native byte order")
-        self.dtype = dtype
-        column = manifest.get("column")
-        if not isinstance(column, str):
-            raise ValueError(f"{where}: bad 'column': {column!r}")
-        self.column = column
-        table = manifest.get("shards")
-        if not isinstance(table, dict) or not all(isinstance(table.get(c), list) for c in COLUMNS):
-            raise ValueError(f"{where}: 'shards' must hold the lists {', '.join(COLUMNS)}")
-        count = len(table["path"])
-        if any(len(table[c]) != count for c in COLUMNS) or manifest.get("num_shards") != count:
-            raise ValueError(f"{where}: the shard columns and 'num_shards' disagree in length")
-        if count == 0:
-            raise ValueError(f"{where}: lists no shards")
-        self._paths = _strings(table["path"], "path", where)
-        prefix = manifest.get("path_prefix")
-        if not isinstance(prefix, str):
-            raise ValueError(f"{where}: bad 'path_prefix': {prefix!r}")
-        self._directory = path.parent / prefix
-        self._formats = _strings(table["format"], "format", where)
-        self.lengths = frozen(_counts(table["tokens"], "tokens", where))
-        self._offsets = _counts(table["offset"], "offset", where)
-        self._sizes = _counts(table["size"], "size", where)
-        self._batches = table["batch"]
-        self._document_counts = table["documents"]
-        if int(self.lengths.sum()) != manifest.get("num_tokens"):
-            raise ValueError(f"{where}: 'num_tokens' is not the sum of the shards' tokens")
-        self._documents_file = manifest.get("documents_file")
-        recorded = [c for c in self._document_counts if c is not None]
-        if recorded and not isinstance(self._documents_file, str):
-            raise ValueError(f"{where}: shards record documents but no 'documents_file' is named")
-        _counts(recorded, "documents", where)
-        self.names = _ShardNames(self._directory, self._paths)
-        # The Arrow file read last: its record batches are the next shards to be asked for.
-        self._last_file: tuple[str, list[Shard]] | None = None
-        super().__init__(capacity)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["_last_file"] = None
-        return state
-
-    @property
-    def sizes(self) -> np.ndarray:
-        """Bytes of each shard's file, as the manifest lists them."""
-        return self._sizes
-
-    def file(self, index: int) -> Path:
-        """The path of shard ``index``'s file."""
-        return self._directory / self._paths[index]
-
-    def document_counts(self) -> np.ndarray | None:
-        if all(count is None for count in self._document_counts):
-            return None
-        return np.array([1 if c is None else c for c in self._document_counts], np.int64)
-
-    def document_boundaries(self) -> np.ndarray | None:
-        counts = self.document_counts()
-        if counts is None:
-            return None
-        sidecar = self.path.parent / str(self._documents_file)
-        where = f"token file {sidecar}"
-        from tokstream.formats import npy
-
-        boundaries = np.array(npy.read(sidecar), dtype=np.int64)
-        starts = cumulative(self.lengths)
-        firsts = cumulative(counts)
-        if boundaries.shape != (int(firsts[-1]) + 1,) or boundaries[-1] != starts[-1]:
-            raise ValueError(
-                f"{where}: holds {boundaries.shape[0]} boundaries, the manifest's "
-                f"{int(firsts[-1])} documents and {int(starts[-1])} tokens need "
-                f"{int(firsts[-1]) + 1} ending at {int(starts[-1])}"
+            source.shard(index)
+        except OSError as exc:
+            problems[file] = f"token file {exc.filename or file}: {exc.strerror or exc}"
+            continue
+        except ValueError as exc:
+            # The shard's file, or another its check reads (documents, a Megatron index).
+            named = str(exc).split(": ", 1)[0].removeprefix("token file ")
+            problems.setdefault(named, str(exc))
+            if named == file:
+                continue
+        if file not in computed:
+            computed[file] = fingerprint(file)
+        if computed[file] != recorded[index]:
+            problems[file] = (
+                f"token file {file}: its content is not what the manifest {manifest_path} "
+                "recorded (another fingerprint: the file changed after the manifest was written)"
             )
-        shard_of = np.repeat(np.arange(counts.shape[0]), counts)
-        has = counts > 0
-        if (
-            np.any(np.diff(boundaries) < 0)
-            or np.any(boundaries[firsts[:-1][has]] != starts[:-1][has])
-            or np.any(boundaries[:-1] > starts[1:][shard_of])
-        ):
-            raise ValueError(
-                f"{where}: document boundaries must rise through each shard from its first token"
-            )
-        return boundaries
-
-    def _open(self, index: int) -> np.ndarray:
-        """Map shard ``index`` with its format's reader and check it against its entry."""
-        from tokstream import files
-
-        file = self.file(index)
-        where = f"token file {file}"
-        size = file.stat().st_size
-        if size != self._sizes[index]:
-            raise ValueError(
-                f"{where}: {size} bytes, the manifest {self.path} says {int(self._sizes[index])}"
-            )
-        format = self._formats[index]
-        if format not in files.FORMATS:
-            raise ValueError(f"{where}: unknown format {format!r} in the manifest {self.path}")
-        key = os.fspath(file)
-        if self._last_file is not None and self._last_file[0] == key:
-            shards = self._last_file[1]
-        else:
-            shards = files.shards_of(file, self.dtype, format, self.column)
-            self._last_file = (key, shards)
-        batch = self._batches[index] or 0
-        if not isinstance(batch, int) or not 0 <= batch < len(shards):
-            raise ValueError(f"{where}: no record batch {batch!r} (the manifest {self.path})")
-        shard = shards[batch]
-        tokens = _validate.token_array(shard.tokens, where)
-        tokens.flags.writeable = False
-        mapped = file_map_of(shard.tokens)
-        said = (int(self.lengths[index]), int(self._offsets[index]))
-        found = (tokens.shape[0], said[1] if mapped is None else mapped.offset)
-        if tokens.dtype != self.dtype or found != said:
-            raise ValueError(
-                f"{where}: holds {found[0]} {tokens.dtype} tokens from byte {found[1]}, the "
-                f"manifest {self.path} says {said[0]} {self.dtype} tokens from byte {said[1]}"
-            )
-        self._check_documents(index, shard, where)
-        return tokens
-
-    def _check_documents(self, index: int, shard: Shard, where: str) -> None:
-        said = self._document_counts[index]
-        offsets = shard.document_offsets
-        if offsets is None and format_documents_file(self.file(index)) is not None:
-            documents = format_documents_file(self.file(index))
-            assert documents is not None
-            from tokstream.formats import npy
-
-            offsets = check_offsets(
-                npy.read(documents), int(self.lengths[index]), f"token file {documents}"
-            )
-        found = None if offsets is None else offsets.shape[0] - 1
-        if found != said:
-            raise ValueError(
-                f"{where}: records {found} documents, the manifest {self.path} says {said}"
-            )
-        if offsets is not None:
-            boundaries = self._boundaries()
-            counts = self.document_counts()
-            assert boundaries is not None and counts is not None
-            first = int(counts[:index].sum())
-            start = int(self.lengths[:index].sum())
-            if not np.array_equal(boundaries[first : first + said] - start, offsets[:-1]):
-                raise ValueError(
-                    f"{where}: its documents are not those the manifest {self.path} records"
-                )
-
-    def _boundaries(self) -> np.ndarray | None:
-        cached = getattr(self, "_cached_boundaries", None)
-        if cached is None:
-            cached = self._cached_boundaries = self.document_boundaries()
-        return cached
-
-
-def format_documents_file(file: Path) -> Path | None:
-    """The ``.documents.npy`` beside a shard of a ``tokstream tokenize`` directory, or None."""
-    from tokstream.formats import tokenized
-
-    name = file.name
-    if not name.startswith("shard_") or not tokenized.is_directory(file.parent):
-        return None
-    digits = name[len("shard_") : len("shard_") + 6]
-    if not digits.isdigit():
-        return None
-    documents = file.parent / tokenized.documents_file(int(digits))
-    return documents if documents.is_file() else None
-
-
-class _ShardNames:
-    """Shard names for messages, made when one is asked for (not 100,000 at open)."""
-
-    def __init__(self, directory: Path, paths: list[str]) -> None:
-        self._directory, self._paths = directory, paths
-
-    def __getitem__(self, index: int) -> str:
-        return os.fspath(self._directory / self._paths[index])
-
-    def __len__(self) -> int:
-        return len(self._paths)
-
-
-def _strings(values: list[Any], name: str, where: str) -> list[str]:
-    # Type checks over the whole list at C speed: 100,000 entries in a few milliseconds.
-    if set(map(type, values)) - {str} or not all(values):
-        raise ValueError(f"{where}: every '{name}' must be a nonempty string")
-    return values
-
-
-def _counts(values: list[Any], name: str, where: str) -> np.ndarray:
-    # type(v) is int: a JSON true is a Python bool, which NumPy would take for 1.
-    if set(map(type, values)) - {int}:
-        raise ValueError(f"{where}: every '{name}' must be an integer >= 0")
-    try:
-        counts = np.array(values, np.int64)
-    except OverflowError:
-        raise ValueError(f"{where}: every '{name}' must be an integer below 2**63") from None
-    if counts.shape[0] and int(counts.min()) < 0:
-        raise ValueError(f"{where}: every '{name}' must be an integer >= 0")
-    return counts
+    return list(problems.values())

@@ -10,7 +10,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from tokstream import _filemap
+from tokstream import _filemap, _validate
 
 PathLike = str | os.PathLike[str]
 
@@ -194,3 +194,29 @@ class atomic_writer:
         return OSError(
             error.errno, f"cannot write token file: {error.strerror}", os.fspath(self.path)
         )
+
+
+def check_kind(body: Any, kind: str, version: int, where: str) -> dict[str, Any]:
+    """``body``, the parsed JSON of one of tokstream's own files (a manifest, a tokenize
+    directory's record), checked to be a ``kind`` of ``version``; else a ValueError starting
+    with ``where``."""
+    if not isinstance(body, dict) or body.get("kind") != kind:
+        raise ValueError(f'{where}: not a {kind} ("kind" must be {kind!r})')
+    if body.get("version") != version:
+        raise ValueError(
+            f"{where}: manifest version {body.get('version')!r}, this tokstream reads version "
+            f"{version}"
+        )
+    return body
+
+
+def manifest_dtype(body: dict[str, Any], where: str) -> np.dtype:
+    """The token dtype ``body`` (as :func:`check_kind` passed it) names: a native-order integer
+    dtype, else a ValueError starting with ``where``."""
+    try:
+        dtype = _validate.integer_dtype(body.get("dtype"), "dtype")
+    except TypeError as exc:
+        raise ValueError(f"{where}: bad 'dtype': {exc}") from None
+    if not dtype.isnative:
+        raise ValueError(f"{where}: bad 'dtype': {dtype.str} is not in native byte order")
+    return dtype

@@ -21,9 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from tokstream import _validate
 from tokstream.formats import llmc, megatron, npy, raw
-from tokstream.formats._common import Shard, atomic_writer, check_offsets
+from tokstream.formats._common import Shard, atomic_writer, check_kind, check_offsets
+
+# The record's dtype rule is the manifests' (remote/_open reads it from here).
+from tokstream.formats._common import manifest_dtype as manifest_dtype
 
 MANIFEST = "tokstream.json"
 KIND = "tokstream tokenize output"
@@ -61,16 +63,9 @@ def load(path: Path) -> dict[str, Any]:
 def parse(text: bytes, where: str) -> dict[str, Any]:
     """A manifest from its bytes; ValueError starting with ``where`` when it is not one of ours."""
     try:
-        manifest = json.loads(text.decode("utf-8"))
+        manifest = check_kind(json.loads(text.decode("utf-8")), KIND, VERSION, where)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{where}: unreadable JSON: {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
-        raise ValueError(f"{where}: not a {KIND} manifest")
-    if manifest.get("version") != VERSION:
-        raise ValueError(
-            f"{where}: manifest version {manifest.get('version')!r}, this "
-            f"tokstream reads version {VERSION}"
-        )
     if manifest.get("format") not in SUFFIXES or not isinstance(manifest.get("shards"), list):
         raise ValueError(f"{where}: no valid 'format' and 'shards'")
     return manifest
@@ -137,17 +132,6 @@ def shards_of(
     if not shards:
         raise ValueError(f"{where}: no shards (the inputs held no documents)")
     return shards
-
-
-def manifest_dtype(manifest: dict[str, Any], where: str) -> np.dtype:
-    """The manifest's token dtype: a native-order integer dtype, else a ValueError."""
-    try:
-        dtype = _validate.integer_dtype(manifest.get("dtype"), "dtype")
-    except TypeError as exc:
-        raise ValueError(f"{where}: bad 'dtype': {exc}") from None
-    if not dtype.isnative:
-        raise ValueError(f"{where}: bad 'dtype': {dtype.str} is not in native byte order")
-    return dtype
 
 
 def _count(value: Any) -> bool:
