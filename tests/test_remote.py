@@ -23,7 +23,7 @@ from tokstream.remote._session import coalesce
 class FakeObject:
     """Stands in for an object's bytes where only coalescing is asked about."""
 
-    filled = None
+    granular = False
     size = 10_000
 
 

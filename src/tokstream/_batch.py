@@ -22,6 +22,7 @@ mask) or found from the position ids one read per piece (``cu_seqlens``):
 from __future__ import annotations
 
 import sys
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -182,19 +183,18 @@ class WindowFill:
         documents = not (position_ids is None and label_continues is None and document_ids is None)
         if self._one_shard is not None and not documents:
             # One segment in one shard: the kernel maps indices to first tokens itself.
-            if self.residency is not None:
-                self.residency.ensure_windows(self.space, windows_index)
             shard, stride, base = self._one_shard
-            if not self._gather_windows(
-                shard, windows_index, windows, next_tokens, targets, self._cache_ahead, stride, base
-            ):
+            with self._resident(windows_index):
+                fitted = self._gather_windows(
+                    shard, windows_index, windows, next_tokens, targets, self._cache_ahead, stride,
+                    base,
+                )  # fmt: skip
+            if not fitted:
                 raise self._refuse()
             return
         starts, addresses, readable = self.space.locate(windows_index)
         # The addresses are valid until readable is released (shards read on demand).
-        with readable:
-            if self.residency is not None:
-                self.residency.ensure_at(addresses, self._window_bytes)
+        with readable, self._resident_at(addresses):
             if not documents:
                 if not self._gather_at(
                     self._anchor, addresses, windows, next_tokens, targets, self._cache_ahead
@@ -222,6 +222,17 @@ class WindowFill:
             )
         if not fitted:
             raise self._refuse()
+
+    def _resident(self, windows_index: np.ndarray) -> AbstractContextManager[Any]:
+        """Remote windows fetched and pinned in memory for the kernel call inside the block."""
+        if self.residency is None:
+            return nullcontext()
+        return self.residency.ensure_windows(self.space, windows_index)
+
+    def _resident_at(self, addresses: np.ndarray) -> AbstractContextManager[Any]:
+        if self.residency is None:
+            return nullcontext()
+        return self.residency.ensure_at(addresses, self._window_bytes)
 
 
 class PackedFill:
@@ -258,9 +269,9 @@ class PackedFill:
         )  # fmt: skip
         runs = self.space.row_runs(windows_index)
         for first, rows, (row_offsets, addresses, lengths), readable in runs:
-            with readable:  # the pieces' addresses are valid until it is released
-                if self.residency is not None:
-                    self.residency.ensure_pieces(rows, row_offsets, addresses, lengths)
+            # The pieces' addresses are valid until readable is released; remote pieces are
+            # fetched and pinned in memory until the kernel call returns.
+            with readable, self._resident(rows, row_offsets, addresses, lengths):
                 fitted = self._fill_packed(
                     self._anchor,
                     addresses,
@@ -277,6 +288,13 @@ class PackedFill:
                 )
             if not fitted:
                 raise self._refuse()
+
+    def _resident(
+        self, rows: np.ndarray, row_offsets: np.ndarray, addresses: np.ndarray, lengths: np.ndarray
+    ) -> AbstractContextManager[Any]:
+        if self.residency is None:
+            return nullcontext()
+        return self.residency.ensure_pieces(rows, row_offsets, addresses, lengths)
 
 
 #: A batch's filler: the kernel calls for a window space or a packed one.

@@ -337,9 +337,10 @@ class Corpus:
         """
         after_eos = []
         for shard, base in zip(self._shards, self.shard_starts, strict=True):
-            present(shard)
             done = 0
             for chunk in _validate.chunks(shard):
+                # A remote shard's chunk is read once fetched (and pinned while it is read).
+                chunk = present(shard, done, done + chunk.shape[0])
                 after_eos.append(np.flatnonzero(chunk == eos) + (int(base) + done + 1))
                 done += chunk.shape[0]
         self._eos_found[eos] = sum(found.shape[0] for found in after_eos)

@@ -52,11 +52,19 @@ class RemoteOptions:
     backoff, max_backoff
         The first retry's wait in seconds, doubled (with jitter) each retry up to the second.
     cache_dir
-        A directory for the bytes fetched, kept for later epochs and runs (and shared by the
-        DataLoader workers of one machine): one sparse file per object, the size of the
-        object, plus its index files. Nothing is written anywhere else. None (the default):
-        the fetched bytes are held in anonymous memory, so a corpus must fit in the memory
-        available.
+        A directory for the bytes fetched, kept for later epochs and runs: one sparse file per
+        object, the size of the object, plus its index files. Nothing is written anywhere else.
+        Without ``cache_max_bytes`` the files grow up to the objects' sizes and are shared by
+        every process using the directory (DataLoader workers). None (the default): fetched
+        bytes are held in anonymous memory, within ``cache_max_bytes``.
+    cache_max_bytes
+        The most bytes of fetched tokens kept for later reads (counted in whole pages), least
+        recently used out first, whole extents at a time. Bytes a batch being copied or a read
+        ahead still needs are kept beyond it. None (the default): without ``cache_dir``, nothing
+        beyond those (each epoch fetches its windows again); with ``cache_dir``, no limit. With
+        both, the limit is per process: each process keeps its files in a slot directory of
+        its own under ``cache_dir`` (``bounded-0``, ``bounded-1``, ...), which a later run
+        takes over.
     """
 
     max_in_flight: int = 64
@@ -65,6 +73,7 @@ class RemoteOptions:
     backoff: float = 0.05
     max_backoff: float = 2.0
     cache_dir: str | None = None
+    cache_max_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if type(self.max_in_flight) is not int:
@@ -85,6 +94,14 @@ class RemoteOptions:
             raise TypeError(
                 f"cache_dir must be a path or None, got {type(self.cache_dir).__name__}"
             )
+        if self.cache_max_bytes is not None:
+            if type(self.cache_max_bytes) is not int:
+                raise TypeError(
+                    "cache_max_bytes must be an int or None, got "
+                    f"{type(self.cache_max_bytes).__name__}"
+                )
+            if self.cache_max_bytes < 0:
+                raise ValueError(f"cache_max_bytes must be at least 0, got {self.cache_max_bytes}")
 
 
 def require() -> Any:

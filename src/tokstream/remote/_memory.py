@@ -4,11 +4,12 @@ The kernels read shards through raw addresses with no bounds checks, so a remote
 real, fixed mapping of the whole object from the moment the corpus opens: an anonymous map
 (``MAP_NORESERVE``: untouched pages cost nothing and read as zeros), or with a cache directory a
 sparse file of the object's size mapped shared, which the OS pages out to disk and a later run
-finds filled. Bytes are written in once a range GET brings them and never change afterwards (an
-object is immutable for as long as it is read; its size and ETag are checked at open), and the
-map is never unmapped while any array over it lives (the arrays' base keeps it). Which bytes are
-present is the session's to know (:mod:`tokstream.remote._session`): a kernel call reads only
-windows whose bytes were made present first.
+finds filled. Bytes are written in once a range GET brings them (an object is immutable for
+as long as it is read; its size and ETag are checked at open) and change only when the cache
+evicts their extent, after which they read as zeros until fetched again
+(:mod:`tokstream.remote._cache`); the map is never unmapped while any array over it lives (the
+arrays' base keeps it). A kernel call reads only windows whose bytes were pinned and made
+present first (:mod:`tokstream.remote._session`).
 """
 
 from __future__ import annotations
@@ -21,17 +22,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tokstream.remote._cache import EXTENT
+
 if TYPE_CHECKING:
     from tokstream.remote._session import Session
 
-#: With a cache directory, presence is recorded per granule of this many bytes (one byte each
-#: in a side file), and fetched ranges are widened to whole granules.
+#: When the cache keeps bytes, presence is recorded per granule of this many bytes (one byte
+#: each), and fetched ranges are widened to whole granules.
 GRANULE = 64
 
 
 class ObjectBytes:
     """The bytes of the object ``key`` under ``root`` (``size`` bytes, ``etag``), mapped.
 
+    Which of them hold the object's bytes: when the session's cache keeps bytes, one mark per
+    granule (in a file beside the cache file, or per resident extent in memory); otherwise a
+    range is present only while its fetch is pending (:mod:`tokstream.remote._session`). Pages
+    are handed back by :meth:`evict`, extent by extent (:mod:`tokstream.remote._cache`).
     Picklable as where the object is: a spawned worker maps an empty (or its cached) copy of
     its own and fetches what its windows need.
     """
@@ -39,19 +46,26 @@ class ObjectBytes:
     def __init__(self, session: Session, root: str, key: str, size: int, etag: str | None) -> None:
         self.session, self.root, self.key, self.size, self.etag = session, root, key, size, etag
         self.url = f"{root}/{key}"
-        self.filled: np.ndarray | None = None
+        cache = self.cache = session.cache
+        #: Whether fetched ranges are widened to whole granules and marked present.
+        self.granular = cache.keeps
+        self.filled: np.ndarray | None = None  # granule marks of a cache file
+        self._marks: dict[int, np.ndarray] = {}  # granule marks in memory, by extent
+        self.pages: np.ndarray | None = None  # a cache file's page masks, by extent
         length = max(size, 1)  # mmap cannot map zero bytes
-        cache = session.cache_dir
-        if cache is None:
+        if cache.directory is None:
             flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20)
             flags |= getattr(mmap, "MAP_NORESERVE", 0)
             self._map = mmap.mmap(-1, length, flags=flags)
         else:
-            self._map, self.filled = _cached_map(Path(cache), self.url, size, etag, length)
+            self._map, self.filled, self.pages = _cached_map(
+                cache.directory, self.url, size, etag, length, cache.bounded
+            )
         # A buffer export pins the mapping: mmap.close() raises while it exists, so no array a
         # kernel may read through can outlive the memory behind it.
         self.view = np.frombuffer(self._map, np.uint8)
         self.address = int(self.view.ctypes.data)
+        self.number = cache.register(self, self.pages)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ObjectBytes, (self.session, self.root, self.key, self.size, self.etag))
@@ -60,23 +74,32 @@ class ObjectBytes:
         return f"ObjectBytes({self.url!r}, size={self.size})"
 
     def write(self, start: int, data: Any) -> None:
-        """Put bytes ``[start, start + len(data))`` of the object in place (and mark them)."""
+        """Put bytes ``[start, start + len(data))`` of the object in place (and mark them).
+
+        The range's extents are pinned (a fetch pins what it brings), so none of them is
+        evicted between the copy and the marks.
+        """
         chunk = np.frombuffer(data, np.uint8)
-        self.view[start : start + chunk.shape[0]] = chunk
-        if self.filled is not None:
-            # Granules wholly inside the range, and the object's last (partial) granule.
-            first = -(-start // GRANULE)
-            end = start + chunk.shape[0]
-            last = self.size // GRANULE if end >= self.size else end // GRANULE
-            self.filled[first : last + (1 if end >= self.size else 0)] = 1
+        end = start + chunk.shape[0]
+        self.view[start:end] = chunk
+        with self.cache.lock:
+            if self.granular:
+                # Granules wholly inside the range, and the object's last (partial) granule.
+                stop = -(-self.size // GRANULE) if end >= self.size else end // GRANULE
+                for marks, first, last in self._marks_between(-(-start // GRANULE), stop, True):
+                    marks[first:last] = 1
+            if end > start:
+                self.cache.wrote(self, start, end)
 
     def missing(self, start: int, end: int) -> tuple[int, int] | None:
-        """The granule-aligned part of ``[start, end)`` not yet cached (None: all present);
-        without a cache, ``(start, end)`` itself: presence is then the session's to track."""
-        if self.filled is None:
+        """The granule-aligned part of ``[start, end)`` not yet present (None: all present);
+        when the cache keeps nothing, ``(start, end)`` itself."""
+        if not self.granular:
             return start, end
         first, last = start // GRANULE, -(-end // GRANULE)
-        absent = np.flatnonzero(self.filled[first:last] == 0)
+        absent = np.flatnonzero(
+            np.concatenate([marks[a:b] for marks, a, b in self._marks_between(first, last)]) == 0
+        )
         if absent.shape[0] == 0:
             return None
         return (
@@ -84,20 +107,67 @@ class ObjectBytes:
             min((first + int(absent[-1]) + 1) * GRANULE, self.size),
         )
 
+    def _marks_between(
+        self, first: int, last: int, create: bool = False
+    ) -> list[tuple[np.ndarray, int, int]]:
+        """Granules ``[first, last)`` as ``(marks, a, b)`` slices (of absent marks' zeros when
+        not ``create``)."""
+        if self.filled is not None:
+            return [(self.filled, first, last)]
+        per = EXTENT // GRANULE
+        pieces = []
+        while first < last:
+            extent = first // per
+            stop = min(last, (extent + 1) * per)
+            marks = self._marks.get(extent)
+            if marks is None:
+                marks = np.zeros(per, np.uint8)
+                if create:
+                    self._marks[extent] = marks
+            pieces.append((marks, first - extent * per, stop - extent * per))
+            first = stop
+        return pieces
+
+    def pages_written(self, extent: int, mask: int) -> None:
+        """Record that the pages of ``mask`` of ``extent`` hold bytes (in the cache file's
+        page masks, for a later run)."""
+        if self.pages is not None:
+            self.pages[extent] = mask
+
+    def evict(self, extent: int) -> None:
+        """Hand the pages of ``extent`` back to the OS and forget its bytes (the cache's lock
+        is held and the extent is not pinned)."""
+        start = extent * EXTENT
+        length = max(min(EXTENT, self.size - start), 1)
+        per = EXTENT // GRANULE
+        if self.filled is not None:
+            self.filled[extent * per : (extent + 1) * per] = 0
+            # A hole punched in the file: the disk and the page cache both let go.
+            self._map.madvise(mmap.MADV_REMOVE, start, length)
+        else:
+            self._marks.pop(extent, None)
+            self._map.madvise(mmap.MADV_DONTNEED, start, length)
+        if self.pages is not None:
+            self.pages[extent] = 0
+
 
 def _cached_map(
-    cache: Path, url: str, size: int, etag: str | None, length: int
-) -> tuple[mmap.mmap, np.ndarray]:
-    """The object's sparse cache file and its granule marks, both mapped shared.
+    cache: Path, url: str, size: int, etag: str | None, length: int, bounded: bool
+) -> tuple[mmap.mmap, np.ndarray, np.ndarray | None]:
+    """The object's sparse cache file and its granule marks, both mapped shared (and for a
+    bounded cache, its page masks per extent).
 
     Named by a hash of the URL, size and ETag: a changed object gets a new file. Bytes and
     marks written by one process are seen by every other mapping the same files (DataLoader
     workers); a mark is set only after its bytes are written.
     """
     name = hashlib.sha256(f"{url}\n{size}\n{etag}".encode()).hexdigest()[:32]
-    marks_length = max(-(-size // GRANULE), 1)
+    files = [(cache / f"{name}.data", length), (cache / f"{name}.marks", -(-size // GRANULE))]
+    if bounded:
+        files.append((cache / f"{name}.pages", 2 * -(-size // EXTENT)))
     maps = []
-    for path, nbytes in ((cache / f"{name}.data", length), (cache / f"{name}.marks", marks_length)):
+    for path, nbytes in files:
+        nbytes = max(nbytes, 1)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             if os.fstat(fd).st_size != nbytes:
@@ -105,7 +175,9 @@ def _cached_map(
             maps.append(mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED))
         finally:
             os.close(fd)
-    return maps[0], np.frombuffer(maps[1], np.uint8)
+    marks = np.frombuffer(maps[1], np.uint8)
+    pages = np.frombuffer(maps[2], np.uint16) if bounded else None
+    return maps[0], marks, pages
 
 
 class RemoteTokens:

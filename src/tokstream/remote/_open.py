@@ -57,6 +57,14 @@ def open_remote(
     """The shards of a URL, a pattern of one or a list of URLs (see :func:`open_tokens`)."""
     if options.cache_dir is not None and not os.path.isdir(options.cache_dir):
         raise ValueError(f"cache_dir {options.cache_dir!r} is not a directory")
+    free = available_memory()
+    if options.cache_dir is None and options.cache_max_bytes and free is not None:
+        if options.cache_max_bytes > free // 2:
+            raise ValueError(
+                f"cache_max_bytes {options.cache_max_bytes} is more than half the memory available "
+                f"({free / 2**30:.1f} GiB) to keep fetched bytes in; pass a smaller one, or "
+                "cache_dir=... to keep them on disk"
+            )
     session = Session(options)
     urls = [spec] if isinstance(spec, str) else list(spec)
     if format == "arrow":
@@ -80,14 +88,6 @@ def open_remote(
     finally:
         # Opening leaves no thread or connection behind; the first fetch starts them again.
         session.close()
-    total = sum(shard.tokens.nbytes for shard in shards)
-    free = available_memory()
-    if options.cache_dir is None and free is not None and total > free // 2:
-        raise ValueError(
-            f"the token files hold {total / 2**30:.1f} GiB, more than half the memory available "
-            f"({free / 2**30:.1f} GiB) to hold what an epoch fetches; pass "
-            "remote=RemoteOptions(cache_dir=...) to keep the fetched bytes on disk instead"
-        )
     return shards
 
 

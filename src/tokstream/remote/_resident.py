@@ -6,15 +6,18 @@ those byte ranges: :meth:`Residency.fetch_windows` returns at once (look-ahead, 
 stream's :class:`~tokstream._readahead.ReadAhead` through :meth:`Residency.advisor`), while
 :meth:`Residency.ensure_windows` returns only when every byte the kernel call will read is in
 memory, and raises :class:`~tokstream.remote.RemoteReadError` otherwise, before the kernel runs,
-so a batch is whole or not made at all.
+so a batch is whole or not made at all. It returns a :class:`~tokstream.remote._cache.Pin`: the
+kernel call runs inside ``with pin:``, so none of those bytes is evicted before it returns.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
 
+from tokstream.remote._cache import Pin
 from tokstream.remote._memory import ObjectBytes, remote_tokens_of
 from tokstream.remote._session import Request, Session
 
@@ -94,13 +97,14 @@ class Residency:
         _, addresses, _ = space.locate(np.ascontiguousarray(windows_index, np.int64))
         return self.requests_at(addresses, (space.block + 1) * space.corpus.dtype.itemsize)
 
-    def ensure_at(self, addresses: np.ndarray, nbytes: np.ndarray | int) -> None:
-        """Return once the ``nbytes`` at each of ``addresses`` (remote ones) are in memory."""
-        self.ensure(self.requests_at(addresses, nbytes))
+    def ensure_at(self, addresses: np.ndarray, nbytes: np.ndarray | int) -> Pin:
+        """Return once the ``nbytes`` at each of ``addresses`` (remote ones) are in memory,
+        pinned there until the pin is released."""
+        return self.ensure(self.requests_at(addresses, nbytes))
 
-    def ensure_windows(self, space: Any, windows_index: np.ndarray) -> None:
+    def ensure_windows(self, space: Any, windows_index: np.ndarray) -> Pin:
         """Return once every byte of these windows is in memory (see the module docstring)."""
-        self.ensure(self.window_requests(space, windows_index))
+        return self.ensure(self.window_requests(space, windows_index))
 
     def fetch_windows(self, space: Any, windows_index: np.ndarray) -> None:
         """Start fetching these windows' bytes; returns at once."""
@@ -110,20 +114,27 @@ class Residency:
 
     def ensure_pieces(
         self, rows: np.ndarray, row_offsets: np.ndarray, addresses: np.ndarray, lengths: np.ndarray
-    ) -> None:
+    ) -> Pin:
         """:meth:`ensure_windows` for packed rows: rows ``rows`` of one group's table, whose
         pieces ``row_offsets[r]:row_offsets[r + 1]`` are ``lengths[i]`` tokens at
         ``addresses[i]`` (as ``PackedSpace.row_runs`` yields them)."""
         pieces = np.concatenate(
             [np.arange(row_offsets[row], row_offsets[row + 1]) for row in rows.tolist()]
         )
-        self.ensure(self.requests_at(addresses[pieces], lengths[pieces] * self._itemsize))
+        return self.ensure(self.requests_at(addresses[pieces], lengths[pieces] * self._itemsize))
 
-    def ensure(self, requests: list[Request]) -> None:
-        for session in self._sessions:
-            mine = [r for r in requests if r[0].session is session]
-            if mine:
-                session.ensure(mine)
+    def ensure(self, requests: list[Request]) -> Pin:
+        """Return once every range is in memory, pinned until the returned pin is released."""
+        pins: list[Pin] = []
+        try:
+            for session in self._sessions:
+                mine = [r for r in requests if r[0].session is session]
+                if mine:
+                    pins.append(session.ensure(mine))
+        except BaseException:
+            Pin.join(pins).release()
+            raise
+        return Pin.join(pins)
 
     def advisor(self, space: Any) -> _Advisor:
         """A stand-in for ``space`` in :class:`~tokstream._readahead.ReadAhead`, whose advice
@@ -160,7 +171,9 @@ def present(shard: np.ndarray, start: int = 0, stop: int | None = None) -> np.nd
     """``shard[start:stop]``, its bytes fetched first when the shard is remote.
 
     For Python code that reads tokens itself (an eos scan, a conversion) rather than through
-    a stream's kernels: remote bytes not yet fetched read as zeros.
+    a stream's kernels: remote bytes not yet fetched (or evicted since) read as zeros. The
+    array returned keeps its bytes pinned in the cache for as long as it lives (read through
+    it, not through ``shard``).
     """
     stop = shard.shape[0] if stop is None else min(stop, shard.shape[0])
     piece = shard[start:stop]
@@ -169,5 +182,15 @@ def present(shard: np.ndarray, start: int = 0, stop: int | None = None) -> np.nd
         return piece
     begin, end = int(piece.ctypes.data), int(piece.ctypes.data) + piece.nbytes
     firsts = np.arange(begin, end, PIECE_BYTES, dtype=np.uint64)
-    residency.ensure(residency.requests_at(firsts, np.minimum(PIECE_BYTES, end - firsts)))
-    return piece
+    pin = residency.ensure(residency.requests_at(firsts, np.minimum(PIECE_BYTES, end - firsts)))
+    return np.asarray(_Pinned(piece, pin))
+
+
+class _Pinned:
+    """An array's memory with a pin released when the last array over it is dropped."""
+
+    def __init__(self, array: np.ndarray, pin: Pin) -> None:
+        self.__array_interface__ = array.__array_interface__
+        self._array = array
+        # Dropping an array may happen anywhere, even under the cache's lock: deferred.
+        weakref.finalize(self, pin.release_later)

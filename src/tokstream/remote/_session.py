@@ -6,9 +6,11 @@ which returns at once) and, just before a kernel call, the ranges of the batch i
 copy (:meth:`Session.ensure`, which returns only when every one of those bytes is in memory, or
 raises). Ranges of one object that overlap or touch are fetched as one GET; at most
 ``options.max_in_flight`` GETs are in flight in the process. A range fetched ahead is not fetched
-again: :meth:`ensure` waits for the fetch already under way. Without a cache directory the
-session does not remember bytes beyond that (presence is tracked per requested range, until its
-batch consumes it); with one, the object's granule marks say what is cached.
+again: :meth:`ensure` waits for the fetch already under way. Every range is pinned in the
+session's :class:`~tokstream.remote._cache.Cache` from the moment it is scheduled until the batch
+that reads it is copied, so nothing it needs is evicted; when the cache keeps bytes, the
+objects' granule marks say what is present, otherwise a range is present only while its fetch is
+pending (until its batch consumes it).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from tokstream.remote._cache import Cache, Pin
 from tokstream.remote._client import Client, RemoteOptions
 from tokstream.remote._loop import Loop
 from tokstream.remote._memory import GRANULE, ObjectBytes
@@ -67,11 +70,13 @@ class Session:
     def __init__(self, options: RemoteOptions) -> None:
         self.options = options
         self.cache_dir = options.cache_dir
+        self.cache = Cache(options)
         self._loop = Loop()
         self._clients: dict[str, Client] = {}
         self._lock = threading.Lock()
-        # (object id, start, end) -> the future of the fetch that brings those bytes.
-        self._pending: dict[tuple[int, int, int], concurrent.futures.Future[None]] = {}
+        # (object id, start, end) -> the future of the fetch that brings those bytes, and the
+        # pin that keeps them until a batch takes them over.
+        self._pending: dict[tuple[int, int, int], tuple[concurrent.futures.Future[None], Pin]] = {}
         self._semaphores: dict[int, asyncio.Semaphore] = {}
         #: Bytes and GETs fetched so far (ranges as sent, after coalescing).
         self.bytes_fetched = 0
@@ -104,13 +109,24 @@ class Session:
         """Start fetching every range not yet present or under way; returns at once."""
         self._schedule(requests)
 
-    def ensure(self, requests: Sequence[Request]) -> None:
-        """Return once the bytes of every range are in memory.
+    def ensure(self, requests: Sequence[Request]) -> Pin:
+        """Return once the bytes of every range are in memory, with the pin that keeps them
+        there: release it once the kernel call reading them has returned.
 
         Raises :class:`~tokstream.remote._client.RemoteReadError` (naming the object and range)
         when a fetch failed past its deadline; nothing is then reported present, so a later
         call fetches again.
         """
+        # Pinned before presence is looked at: nothing found present is evicted after.
+        pin = self.cache.pin(requests)
+        try:
+            self._wait(requests)
+        except BaseException:
+            pin.release()
+            raise
+        return pin
+
+    def _wait(self, requests: Sequence[Request]) -> None:
         keys = [(id(obj), start, end) for obj, start, end in requests]
         while True:
             futures = self._schedule(requests)
@@ -118,8 +134,10 @@ class Session:
                 return
             concurrent.futures.wait(futures)
             with self._lock:
-                for key in keys:
-                    self._pending.pop(key, None)
+                taken = [self._pending.pop(key, None) for key in keys]
+            for entry in taken:
+                if entry is not None:
+                    entry[1].release()  # the caller's pin holds the bytes from here on
             if not any(future.cancelled() for future in futures):
                 break
             # Cancelled by close() (another stream over the same corpus closed): fetch again.
@@ -131,28 +149,42 @@ class Session:
     def _schedule(self, requests: Iterable[Request]) -> list[concurrent.futures.Future[None]]:
         """The futures the requested ranges wait on, after scheduling those not under way."""
         check_process()
+        requests = list(requests)
+        # Each range pinned before its presence is looked at, kept pinned (its present part
+        # too) from the moment its fetch is scheduled until a batch takes the range over: its
+        # bytes land in extents nothing evicts, and stay there.
+        pins = self.cache.pin_each([[request] for request in requests])
         waits: dict[int, concurrent.futures.Future[None]] = {}
-        keys: list[tuple[int, int, int]] = []
+        scheduled: list[tuple[tuple[int, int, int], Pin]] = []
         spans: list[Request] = []
+        dropped: list[Pin] = []
         with self._lock:
-            for obj, start, end in requests:
+            for (obj, start, end), pin in zip(requests, pins, strict=True):
                 key = (id(obj), start, end)
-                future = self._pending.get(key)
-                if future is not None:
-                    waits[id(future)] = future
-                    continue
-                span = obj.missing(start, end)
-                if span is not None:
-                    keys.append(key)
+                entry = self._pending.get(key)
+                span = None if entry is not None else obj.missing(start, end)
+                if entry is not None:
+                    waits[id(entry[0])] = entry[0]
+                if span is None:
+                    dropped.append(pin)
+                else:
+                    scheduled.append((key, pin))
                     spans.append((obj, *span))
         if spans:
             future = self._loop.submit(self._fetch_all(coalesce(spans)))
             with self._lock:
                 if len(self._pending) > _MAX_PENDING:
-                    self._pending = {k: f for k, f in self._pending.items() if not f.done()}
-                for key in keys:
-                    self._pending[key] = future
+                    kept = {k: e for k, e in self._pending.items() if not e[0].done()}
+                    dropped.extend(e[1] for k, e in self._pending.items() if k not in kept)
+                    self._pending = kept
+                for key, pin in scheduled:
+                    replaced = self._pending.get(key)
+                    if replaced is not None:  # scheduled by another thread meanwhile
+                        dropped.append(replaced[1])
+                    self._pending[key] = (future, pin)
             waits[id(future)] = future
+        for pin in dropped:
+            pin.release()
         return list(waits.values())
 
     async def _fetch_all(self, ranges: list[Request]) -> None:
@@ -181,7 +213,9 @@ class Session:
         """
         self._loop.close()
         with self._lock:
-            self._pending.clear()
+            pending, self._pending = self._pending, {}
+            for _, pin in pending.values():
+                pin.release()
             self._semaphores.clear()
             for client in self._clients.values():
                 client.close()
@@ -195,7 +229,7 @@ def coalesce(requests: Iterable[Request]) -> list[Request]:
     """
     by_object: dict[int, tuple[ObjectBytes, list[tuple[int, int]]]] = {}
     for obj, start, end in requests:
-        if obj.filled is not None:
+        if obj.granular:
             start, end = start // GRANULE * GRANULE, min(-(-end // GRANULE) * GRANULE, obj.size)
         by_object.setdefault(id(obj), (obj, []))[1].append((start, end))
     merged: list[Request] = []
