@@ -121,6 +121,33 @@ def test_the_next_batches_pages_are_read_before_they_are_gathered(tmp_path):
 
 
 @linux_only
+def test_the_next_epochs_first_batches_are_read_ahead_before_the_epoch_ends(tmp_path):
+    block, batch_size = 1024, 16
+    write_tokens(tmp_path / "tokens.npy", np.arange(4_000_000, dtype=np.uint32))
+    corpus = evicted_corpus(tmp_path / "tokens.npy")
+    options = dict(permutation="implicit", epochs=2, seed=8)
+    stream = stream_token_source(corpus, block, batch_size, **options)
+    in_ram = stream_token_source(
+        np.arange(4_000_000, dtype=np.uint32), block, batch_size, **options
+    )
+    last = stream.batches_per_epoch - 1
+    stream.seek(last)
+    in_ram.seek(last + 1)
+    next(stream)  # the first epoch's last batch
+    upcoming = np.concatenate([next(in_ram)[0][:, 0] for _ in range(WINDOWS_AHEAD // batch_size)])
+    shard = corpus.shards[0]
+
+    def all_resident() -> bool:
+        return all(resident_fraction(shard[s : s + block + 1]) == 1.0 for s in upcoming)
+
+    deadline = time.monotonic() + 10
+    while not all_resident() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all_resident()  # the second epoch's windows, read ahead, none of them touched
+    assert resident_fraction(shard) < 0.5
+
+
+@linux_only
 @pytest.mark.parametrize("shards", [2, 5])
 def test_the_next_batches_pages_are_read_ahead_in_whichever_shard_they_lie(tmp_path, shards):
     block, batch_size, length = 512, 16, 1_000_000

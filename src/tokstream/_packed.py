@@ -176,6 +176,22 @@ class PackedSpace:
         self._cached = ((group, epoch), result)
         return result
 
+    def piece_addresses(self, windows_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(addresses, byte lengths)`` of the pieces of these rows, where the kernel will
+        copy them from: for read-ahead, nothing is read through them. Shards read on demand
+        have no address before a batch maps them: none is given for them."""
+        itemsize = self.corpus.dtype.itemsize
+        addresses, lengths = [np.empty(0, np.uint64)], [np.empty(0, np.int64)]
+        if self._shard_addresses is not None and windows_index.shape[0]:
+            epochs, positions = np.divmod(windows_index, max(1, self.num_windows))
+            for begin, end in _runs(epochs):
+                pieces = self.packing.rows(int(epochs[begin]), positions[begin:end])
+                shard = np.searchsorted(self._shard_starts, pieces.starts, side="right") - 1
+                offsets = (pieces.starts - self._shard_starts[shard]) * itemsize
+                addresses.append(self._shard_addresses[shard] + offsets.astype(np.uint64))
+                lengths.append(pieces.lengths * itemsize)
+        return np.concatenate(addresses), np.concatenate(lengths)
+
     def token_starts(self, windows_index: np.ndarray) -> np.ndarray:
         """Each row's first token (its first piece's) in the shards laid end to end; -1 for a
         row that holds no piece."""
@@ -241,6 +257,17 @@ class PackedMixtureSpace:
             space = self.sources[int(source[begin])]
             for first, rows, table, readable in space.row_runs(local[begin:end]):
                 yield begin + first, rows, table, readable
+
+    def piece_addresses(self, windows_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`PackedSpace.piece_addresses` over the sources."""
+        local, source = np.divmod(windows_index, len(self.sources))
+        found = [(np.empty(0, np.uint64), np.empty(0, np.int64))]
+        if windows_index.shape[0]:
+            found += [
+                self.sources[int(source[begin])].piece_addresses(local[begin:end])
+                for begin, end in _runs(source)
+            ]
+        return np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found])
 
     def token_starts(self, windows_index: np.ndarray) -> np.ndarray:
         """Each row's first token in the mixture's corpus; -1 for a row of no piece."""

@@ -5,8 +5,10 @@ fault at a time, so it reads at a fraction of what the device serves with many r
 A :class:`ReadAhead` works out the window indices of the next batches early (they depend only on
 their cursor) and asks the OS to start reading them (``madvise(MADV_WILLNEED)`` through
 :meth:`tokstream._space.WindowSpace.advise`), keeping about :data:`WINDOWS_AHEAD` windows,
-and at least one batch, in flight ahead of the batch being copied. Each batch's indices are
-computed once: the batch takes them from the read-ahead when its turn comes.
+and at least one batch, in flight ahead of the batch being copied, into the next epoch when the
+current one ends (unless the next epoch's order would have to be drawn first: a materialized
+shuffle). Each batch's indices are computed once: the batch takes them from the read-ahead when
+its turn comes.
 
 When a few sampled windows of each advised batch are all resident, the corpus is taken to be in
 memory: after :data:`WARM_AFTER` such batches in a row the read-ahead stops looking ahead and
@@ -44,7 +46,7 @@ WARM_CHECK_EVERY = 16
 
 
 class ReadAhead:
-    """Advises the windows of the next batches of one stream, within the current epoch.
+    """Advises the windows of the next batches of one stream (see the module docstring).
 
     ``batch_windows(cursor, count)`` replaces ``order.batch_windows`` in the stream: it returns
     the same indices, and on the way advises the batches that follow ``cursor`` in its epoch.
@@ -84,7 +86,7 @@ class ReadAhead:
             self._advise(starts)
         last = self._ahead[-1][0] if self._ahead else cursor
         while len(self._ahead) < self.depth:
-            following = self._order.following(last)
+            following = self._following(last)
             if following is None:
                 break
             last = following
@@ -92,6 +94,21 @@ class ReadAhead:
             self._advise(upcoming)
             self._ahead.append((last, upcoming))
         return starts
+
+    def _following(self, cursor: Cursor) -> Cursor | None:
+        """The cursor of the stream's batch after ``cursor``'s, None after the run's last.
+
+        Into the next epoch only where its cursor is known without drawing its order (every
+        order but a materialized shuffle's): ``order.next_epoch`` then changes nothing.
+        """
+        order = self._order
+        following = order.following(cursor)
+        if following is not None or order.draws_orders:
+            return following
+        following = order.next_epoch(cursor)
+        if following.epoch >= order.options.epochs or not order.rows_at(following):
+            return None
+        return following
 
     def reset(self) -> None:
         """Forget the batches read ahead (their pages stay advised; nothing else changes)."""
@@ -124,16 +141,16 @@ def read_ahead(
     """A stream's read-ahead, or None.
 
     Random windows of a memory-mapped corpus are read ahead; sequential ones are left to the
-    OS's own read-ahead (``MADV_SEQUENTIAL``), arrays in RAM need none. Every window of a
-    remote corpus is fetched ahead (``residency``, :mod:`tokstream.remote`). Packed rows are
-    not read ahead.
+    OS's own read-ahead (``MADV_SEQUENTIAL``), arrays in RAM need none. Every window (or packed
+    row's pieces) of a remote corpus is fetched ahead (``residency``, :mod:`tokstream.remote`).
+    Packed rows of local files are not read ahead.
     """
-    if options.windows == "packed":
-        return None
     if residency is not None:
         ahead = ReadAhead(order, residency.advisor(space), options.batch_size)  # type: ignore[arg-type]
         ahead.depth = max(1, -(-residency.windows_ahead // options.batch_size))
         return ahead
+    if options.windows == "packed":
+        return None
     # A manifest's files are maps even before the first is made (ShardSource.maps_files).
     corpus = space.corpus
     mapped = next(corpus.memory_maps(), None) or getattr(corpus.source, "maps_files", False)

@@ -108,9 +108,20 @@ class Residency:
 
     def fetch_windows(self, space: Any, windows_index: np.ndarray) -> None:
         """Start fetching these windows' bytes; returns at once."""
-        requests = self.window_requests(space, windows_index)
+        self.fetch(self.window_requests(space, windows_index))
+
+    def fetch_rows(self, space: Any, windows_index: np.ndarray) -> None:
+        """Start fetching the pieces of these packed rows of ``space`` (a packed space);
+        returns at once. The ranges are those :meth:`ensure_pieces` asks for."""
+        addresses, nbytes = space.piece_addresses(windows_index)
+        self.fetch(self.requests_at(addresses, nbytes))
+
+    def fetch(self, requests: list[Request]) -> None:
+        """Start fetching these ranges; returns at once."""
         for session in self._sessions:
-            session.fetch(r for r in requests if r[0].session is session)
+            mine = [r for r in requests if r[0].session is session]
+            if mine:
+                session.fetch(mine)
 
     def ensure_pieces(
         self, rows: np.ndarray, row_offsets: np.ndarray, addresses: np.ndarray, lengths: np.ndarray
@@ -150,10 +161,16 @@ class Residency:
 class _Advisor:
     def __init__(self, residency: Residency, space: Any) -> None:
         self._residency, self._space = residency, space
+        # A packed space says where its rows' pieces are; a window space where its windows are.
+        self._packed = hasattr(space, "piece_addresses")
 
     def advise(self, windows_index: np.ndarray, sample: int) -> int:
-        """Start fetching the windows; never "all resident", so look-ahead never stops."""
-        self._residency.fetch_windows(self._space, windows_index)
+        """Start fetching the windows (or packed rows); never "all resident", so look-ahead
+        never stops."""
+        if self._packed:
+            self._residency.fetch_rows(self._space, windows_index)
+        else:
+            self._residency.fetch_windows(self._space, windows_index)
         return max(1, int(windows_index.shape[0]))
 
 

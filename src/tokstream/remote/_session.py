@@ -74,9 +74,10 @@ class Session:
         self._loop = Loop()
         self._clients: dict[str, Client] = {}
         self._lock = threading.Lock()
-        # (object id, start, end) -> the future of the fetch that brings those bytes, and the
-        # pin that keeps them until a batch takes them over.
-        self._pending: dict[tuple[int, int, int], tuple[concurrent.futures.Future[None], Pin]] = {}
+        # (object id, start, end) -> [the future of the fetch that brings those bytes, the pin
+        # that keeps them until a batch takes them over, how many batches fetched ahead still
+        # read them (kept until the last of them takes them over)].
+        self._pending: dict[tuple[int, int, int], list[Any]] = {}
         self._semaphores: dict[int, asyncio.Semaphore] = {}
         #: Bytes and GETs fetched so far (ranges as sent, after coalescing).
         self.bytes_fetched = 0
@@ -106,8 +107,9 @@ class Session:
     # ------------------------------------------------------------------ fetching
 
     def fetch(self, requests: Iterable[Request]) -> None:
-        """Start fetching every range not yet present or under way; returns at once."""
-        self._schedule(requests)
+        """Start fetching every range not yet present or under way, for a batch that will
+        :meth:`ensure` them later; returns at once."""
+        self._schedule(requests, ahead=1)
 
     def ensure(self, requests: Sequence[Request]) -> Pin:
         """Return once the bytes of every range are in memory, with the pin that keeps them
@@ -129,15 +131,22 @@ class Session:
     def _wait(self, requests: Sequence[Request]) -> None:
         keys = [(id(obj), start, end) for obj, start, end in requests]
         while True:
-            futures = self._schedule(requests)
+            futures = self._schedule(requests, ahead=0)
             if not futures:
                 return
             concurrent.futures.wait(futures)
+            taken = []
             with self._lock:
-                taken = [self._pending.pop(key, None) for key in keys]
+                for key in keys:
+                    # This batch no longer needs the range; a later batch fetched ahead that
+                    # reads it too (the next epoch's) still does, unless the fetch failed.
+                    entry = self._pending.get(key)
+                    if entry is not None:
+                        entry[2] -= 1
+                        if entry[2] <= 0 or _failed(entry[0]):
+                            taken.append(self._pending.pop(key))
             for entry in taken:
-                if entry is not None:
-                    entry[1].release()  # the caller's pin holds the bytes from here on
+                entry[1].release()  # the caller's pin holds the bytes from here on
             if not any(future.cancelled() for future in futures):
                 break
             # Cancelled by close() (another stream over the same corpus closed): fetch again.
@@ -146,8 +155,11 @@ class Session:
             if error is not None:
                 raise error
 
-    def _schedule(self, requests: Iterable[Request]) -> list[concurrent.futures.Future[None]]:
-        """The futures the requested ranges wait on, after scheduling those not under way."""
+    def _schedule(
+        self, requests: Iterable[Request], ahead: int
+    ) -> list[concurrent.futures.Future[None]]:
+        """The futures the requested ranges wait on, after scheduling those not under way;
+        ``ahead`` (1 or 0): whether the request is a look-ahead's, counted in ``_pending``."""
         check_process()
         requests = list(requests)
         # Each range pinned before its presence is looked at, kept pinned (its present part
@@ -155,20 +167,23 @@ class Session:
         # bytes land in extents nothing evicts, and stay there.
         pins = self.cache.pin_each([[request] for request in requests])
         waits: dict[int, concurrent.futures.Future[None]] = {}
-        scheduled: list[tuple[tuple[int, int, int], Pin]] = []
+        # The ranges scheduled now: their pins and uses ahead.
+        scheduled: dict[tuple[int, int, int], list[Any]] = {}
         spans: list[Request] = []
         dropped: list[Pin] = []
         with self._lock:
             for (obj, start, end), pin in zip(requests, pins, strict=True):
                 key = (id(obj), start, end)
-                entry = self._pending.get(key)
+                entry = self._pending.get(key) or scheduled.get(key)
                 span = None if entry is not None else obj.missing(start, end)
                 if entry is not None:
-                    waits[id(entry[0])] = entry[0]
+                    entry[-1] += ahead  # a mixture's sources may share a piece in one batch
+                    if key in self._pending:
+                        waits[id(entry[0])] = entry[0]
                 if span is None:
                     dropped.append(pin)
                 else:
-                    scheduled.append((key, pin))
+                    scheduled[key] = [pin, ahead]
                     spans.append((obj, *span))
         if spans:
             future = self._loop.submit(self._fetch_all(coalesce(spans)))
@@ -177,11 +192,11 @@ class Session:
                     kept = {k: e for k, e in self._pending.items() if not e[0].done()}
                     dropped.extend(e[1] for k, e in self._pending.items() if k not in kept)
                     self._pending = kept
-                for key, pin in scheduled:
+                for key, (pin, uses) in scheduled.items():
                     replaced = self._pending.get(key)
                     if replaced is not None:  # scheduled by another thread meanwhile
                         dropped.append(replaced[1])
-                    self._pending[key] = (future, pin)
+                    self._pending[key] = [future, pin, uses]
             waits[id(future)] = future
         for pin in dropped:
             pin.release()
@@ -214,11 +229,16 @@ class Session:
         self._loop.close()
         with self._lock:
             pending, self._pending = self._pending, {}
-            for _, pin in pending.values():
-                pin.release()
+            for entry in pending.values():
+                entry[1].release()
             self._semaphores.clear()
             for client in self._clients.values():
                 client.close()
+
+
+def _failed(future: concurrent.futures.Future[None]) -> bool:
+    """Whether a fetch is over without its bytes (cancelled, or failed); never waits."""
+    return future.done() and (future.cancelled() or future.exception() is not None)
 
 
 def coalesce(requests: Iterable[Request]) -> list[Request]:
