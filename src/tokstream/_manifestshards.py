@@ -65,7 +65,8 @@ class ManifestShards(MappedShards):
             raise ValueError(f"{where}: shards record documents but no 'documents_file' is named")
         _counts(recorded, "documents", where)
         self.names = _ShardNames(self._directory, self._paths)
-        # The Arrow file read last: its record batches are the next shards to be asked for.
+        # The Arrow file of several record batches read last: they are the next shards to be
+        # asked for. It keeps that one file mapped (one map beyond the bound at most).
         self._last_file: tuple[str, list[Shard]] | None = None
         super().__init__(capacity)
 
@@ -136,7 +137,7 @@ class ManifestShards(MappedShards):
             shards = self._last_file[1]
         else:
             shards = files.shards_of(file, self.dtype, format, self.column)
-            self._last_file = (key, shards)
+            self._last_file = (key, shards) if len(shards) > 1 else None
         batch = self._batches[index] or 0
         if not isinstance(batch, int) or not 0 <= batch < len(shards):
             raise ValueError(f"{where}: no record batch {batch!r} (the manifest {self.path})")

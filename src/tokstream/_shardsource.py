@@ -15,10 +15,14 @@ space asks it, just before each kernel call, to make the bytes that call reads r
     the call that first needs it, before any address is returned).
 
 How a source keeps that promise is its own: :class:`MappedShards` maps whole shard files and
-keeps at most ``capacity`` maps (least recently used first out), never unmapping one that a
-live :class:`Readable` may point into; a source over object storage may fetch just the ranges
-into buffers the :class:`Readable` holds. No address table outlives the call it was made for,
-so an evicted map is never read.
+pins the shards a live :class:`Readable` points into; it keeps at most ``capacity`` maps
+(least recently used first out) beyond those pinned, so it holds at most ``max(capacity, P)``
+maps at any moment, ``P`` being the distinct shards the live Readables point into (the batches
+being copied right now, and a read-ahead's batch for the moment it is advised): a batch whose
+windows lie in more shards than ``capacity`` has them all mapped while it is copied, and the
+maps beyond ``capacity`` are dropped when it is released. A source over object storage may
+fetch just the ranges into buffers the :class:`Readable` holds. No address table outlives the
+call it was made for, and a pinned map is never dropped, so no kernel reads an unmapped address.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ import numpy as np
 from tokstream._arrays import frozen
 from tokstream._filemap import FileMap
 
-#: Shard maps a :class:`MappedShards` keeps open by default (the maps a batch in flight needs
-#: are kept beyond it until the batch is copied).
+#: Shard maps a :class:`MappedShards` keeps open by default (a batch in flight whose windows
+#: lie in more shards keeps them all until it is copied).
 DEFAULT_CAPACITY = 1024
 
 
@@ -138,10 +142,13 @@ class MappedShards(ShardSource):
     """Shards mapped from their files on first use, at most ``capacity`` maps kept.
 
     Subclasses give :meth:`_open` (map shard ``index`` and check it against what the table of
-    contents says, raising ValueError naming the file). Maps are kept in least-recently-used
-    order; a map beyond ``capacity`` is dropped once no :class:`Readable` is live (a batch
-    whose shards outnumber ``capacity`` keeps them all until it is copied). Dropping a map only
-    drops this object's reference: an array a caller holds keeps its map. Thread-safe.
+    contents says, raising ValueError naming the file). Each shard a live :class:`Readable`
+    points into is pinned (counted per Readable); maps are dropped least recently used first,
+    never a pinned one, before a new one is made, so the source holds at most
+    ``max(capacity, P)`` maps, ``P`` the distinct pinned shards (a batch whose shards
+    outnumber ``capacity`` keeps them all until it is copied; releasing it drops the excess).
+    Dropping a map only drops this object's reference: an array a caller holds (from
+    :meth:`shard`) keeps its map, outside this count. Thread-safe.
     """
 
     maps_files = True
@@ -163,13 +170,12 @@ class MappedShards(ShardSource):
         self._resident = np.zeros(count, np.bool_)
         self._stamps = np.zeros(count, np.int64)
         self._tick = 0
-        self._live = 0  # Readables not yet released
-        self._dropped: list[np.ndarray] = []  # evicted while a Readable was live
+        self._pins = np.zeros(count, np.int64)  # live Readables pointing into each shard
         self._advice: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_lock", "_arrays", "_bases", "_resident", "_stamps", "_dropped"):
+        for key in ("_lock", "_arrays", "_bases", "_resident", "_stamps", "_pins"):
             del state[key]
         return state
 
@@ -183,32 +189,37 @@ class MappedShards(ShardSource):
     def shard(self, index: int) -> np.ndarray:
         with self._lock:
             self._tick += 1
+            self._stamps[index] = self._tick
             array = self._arrays.get(index)
             if array is None:
+                self._evict(1)
                 array = self._map(index)
-            self._stamps[index] = self._tick
-            self._evict()
             return array
 
     def readable(self, shards: np.ndarray, offsets: np.ndarray, nbytes: Any) -> Readable:
         shards = np.asarray(shards, np.int64)
         offsets = np.asarray(offsets, np.int64)
         self.check_ranges(shards, offsets, nbytes)
+        used = np.unique(shards)
         with self._lock:
             self._tick += 1
-            self._stamps[shards] = self._tick
-            for index in np.unique(shards[~self._resident[shards]]).tolist():
-                self._map(index)
+            self._stamps[used] = self._tick
+            self._pins[used] += 1  # unique indices: one each
+            try:
+                missing = used[~self._resident[used]].tolist()
+                self._evict(len(missing))  # room first: never more maps than the bound
+                for index in missing:
+                    self._map(index)
+            except BaseException:
+                self._pins[used] -= 1
+                raise
             addresses = self._bases[shards] + offsets.astype(np.uint64)
-            self._live += 1
-            self._evict()
-        return Readable(addresses, self._released)
+        return Readable(addresses, lambda: self._released(used))
 
-    def _released(self) -> None:
+    def _released(self, used: np.ndarray) -> None:
         with self._lock:
-            self._live -= 1
-            if not self._live:
-                self._dropped.clear()
+            self._pins[used] -= 1
+            self._evict(0)  # a batch over more shards than the bound leaves the bound
 
     def _map(self, index: int) -> np.ndarray:
         """Map and check shard ``index`` (the lock is held)."""
@@ -229,23 +240,22 @@ class MappedShards(ShardSource):
                 pass  # advice is a hint
         return array
 
-    def _evict(self) -> None:
-        """Drop the least recently used maps beyond ``capacity``, none used by this tick."""
-        excess = len(self._arrays) - self.capacity
+    def _evict(self, adding: int) -> None:
+        """Drop the least recently used unpinned maps until ``adding`` more fit in ``capacity``
+        (or none is left unpinned); the lock is held."""
+        excess = len(self._arrays) + adding - self.capacity
         if excess <= 0:
             return
         # A batch over many shards evicts once for a while: down to 7/8 of the capacity.
         excess += self.capacity // 8
-        candidates = np.flatnonzero(self._resident & (self._stamps < self._tick))
+        candidates = np.flatnonzero(self._resident & (self._pins == 0))
         if candidates.shape[0] > excess:
             oldest = np.argpartition(self._stamps[candidates], excess - 1)[:excess]
             candidates = candidates[oldest]
         for index in candidates.tolist():
-            array = self._arrays.pop(index)
+            del self._arrays[index]
             self._bases[index] = 0
             self._resident[index] = False
-            if self._live:
-                self._dropped.append(array)
 
     @property
     def open_maps(self) -> int:

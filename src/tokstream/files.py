@@ -160,7 +160,8 @@ def open_tokens(
         For Arrow data, the column of token lists (or of plain integer tokens).
     max_open_maps
         For a manifest: how many shard maps stay open at most (default 1024; the least
-        recently used is unmapped first, never while a batch reads it).
+        recently used is unmapped first), beyond the shards of the batches being copied
+        right now, which stay mapped until each is copied (see docs/files.md).
     remote
         For URLs of object storage (``s3://``, ``gs://``, ``az://``, ``http(s)://``: a file,
         a pattern, a Megatron prefix, a ``tokstream tokenize`` directory, or a list of them):
