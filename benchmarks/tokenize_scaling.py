@@ -8,17 +8,25 @@ downloaded). For each encoder, in the same run:
 - the encoder's own rate: ``encode_batch`` over the same documents in the job's own batches, on
   one core (``TOKENIZERS_PARALLELISM=false``, as the job's workers run it), the ids taken out,
   measured again just before each run of the job (the ratio compares the two);
+- before each run of more than one worker, the same batches shared out among that many
+  processes encoding at once (no job: each loads the encoder, then all start together): what
+  this machine gives that many encoders now, the ceiling of any engine on it (cores shared
+  with other jobs, or caches and memory shared between its own cores, show here);
 - where a one-worker job's time goes: the same work done stage by stage in this process
   (reading and parsing the ranges, encoding, packing the ids into arrays, writing the shards);
+- a worker's start-up, measured apart: a new interpreter importing tokstream's task module and
+  loading the tokenizer (what each spawned worker does before its first range);
 - ``tokenize_files`` with 1 and 2 workers under the local engine and, when Ray is installed, the
   Ray engine (on a Ray started once beforehand, its start-up timed apart).
 
 Every output must be byte-identical (sha256 of every file) to the first before any figure is
 printed. The ratio is the job's tokens/s over ``workers x`` the encoder's single-core rate
-(target: at least 0.9). Beside it, the job's tokens per CPU second (this process and its
-pool's workers; not Ray's, which are not its children) over the encoder's: what the job costs
-beyond the encoder, whatever the machine's load. The load average is printed with every row: on
-a shared machine a second worker only helps when a core is free.
+(target: at least 0.9); beside it, the job's rate over the encoders-at-once rate measured just
+before it (how close the job comes to what the machine gave), the job's tokens per CPU second
+(this process and its pool's workers; not Ray's, which are not its children) over the
+encoder's (what the job costs beyond the encoder, whatever the machine's load), and the cores
+it kept busy (CPU seconds over wall seconds). The load average is printed with every row: on a
+shared machine a second worker only helps when a core is free.
 
     python benchmarks/tokenize_scaling.py --megabytes 200
 """
@@ -28,7 +36,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import multiprocessing
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -105,6 +115,46 @@ def encoder_rate(encoder: Encoder, batches: list[list[str]]) -> tuple[float, flo
     return tokens / wall, tokens / cpu, tokens
 
 
+def encoders_at_once(spec: str, batches: list[list[str]], processes: int) -> tuple[float, float]:
+    """``processes`` spawned processes encoding ``batches`` between them at once (each loads
+    the encoder first; all start together): their tokens per wall second, from the first start
+    to the last end, and per CPU second."""
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(processes)
+    with context.Pool(processes, initializer=_keep_barrier, initargs=(start,)) as pool:
+        shares = [(spec, batches[i::processes]) for i in range(processes)]
+        results = pool.starmap(_encode_share, shares, chunksize=1)
+    tokens = sum(r[0] for r in results)
+    wall = max(r[2] for r in results) - min(r[1] for r in results)
+    return tokens / wall, tokens / sum(r[3] for r in results)
+
+
+_barrier = None
+
+
+def _keep_barrier(barrier: object) -> None:
+    global _barrier
+    _barrier = barrier
+
+
+def _encode_share(spec: str, batches: list[list[str]]) -> tuple[int, float, float, float]:
+    encoder = Encoder(spec)
+    encoder.encode(batches[0][:1])  # warm
+    _barrier.wait()  # type: ignore[attr-defined]
+    began, cpu = time.perf_counter(), time.process_time()
+    tokens = sum(len(ids) + 1 for batch in batches for ids in encoder.encode(batch))
+    return tokens, began, time.perf_counter(), time.process_time() - cpu
+
+
+def start_up(spec: str) -> tuple[float, float]:
+    """Wall and CPU seconds of a new interpreter importing the task module and loading the
+    tokenizer ``spec``: what a spawned worker spends before its first range."""
+    code = "import sys\nfrom tokstream.tokenize import task\ntask.load(sys.argv[1])"
+    started, cpu = time.perf_counter(), cpu_seconds()
+    subprocess.run([sys.executable, "-c", code, spec], check=True)
+    return time.perf_counter() - started, cpu_seconds() - cpu
+
+
 def cpu_seconds() -> float:
     """CPU seconds of this process and of its children that ended (a process pool's workers)."""
     times = os.times()
@@ -117,7 +167,7 @@ def stages(todo: list[tasks.Task], encoder: Encoder, scratch: Path) -> dict[str,
     seconds = dict.fromkeys(("read", "encode", "pack", "write"), 0.0)
     for task in todo:
         started = time.perf_counter()
-        batches = list(tasks.batches(task))
+        batches = [texts for texts, _ in tasks.batches(task)]
         seconds["read"] += time.perf_counter() - started
         arrays = []
         for texts in batches:
@@ -208,13 +258,21 @@ def main() -> int:
             ]  # fmt: skip
             # The documents as the job batches them: batch size changes encode_batch's rate
             # (1,000 long documents at a time run slower than the hundred or so of a range).
-            batches = [batch for one in todo for batch in tasks.batches(one)]
+            batches = [batch for one in todo for batch, _ in tasks.batches(one)]
             split = stages(todo, encoder, scratch)
             total = sum(split.values())
             print(
                 f"{label}: one worker's stages, one at a time in this process: "
                 + ", ".join(f"{k} {v:.2f} s ({v / total:.1%})" for k, v in split.items())
                 + f" (load {load()})",
+                file=sys.stderr,
+            )
+            wall, cpu = start_up(spec)
+            print(
+                f"{label}: a worker's start-up (a new interpreter importing the task module and "
+                f"loading the tokenizer): {wall:.2f} s wall, {cpu:.2f} s CPU, "
+                f"{cpu / split['encode']:.1%} of the encoder's own time over all ranges "
+                f"(load {load()})",
                 file=sys.stderr,
             )
             reference = None
@@ -225,8 +283,16 @@ def main() -> int:
                     single, single_cpu, tokens = encoder_rate(encoder, batches)
                     rows.append(
                         (label, "encode_batch", 1, text_bytes * single / tokens, single, None, "",
-                         load())
+                         "", "", load())
                     )  # fmt: skip
+                    at_once = None
+                    if workers > 1:
+                        at_once, at_once_cpu = encoders_at_once(spec, batches, workers)
+                        rows.append(
+                            (label, f"encode_batch x {workers} processes at once", workers,
+                             text_bytes * at_once / tokens, at_once, at_once / (workers * single),
+                             f"{at_once_cpu / single_cpu:.2f}", "", "", load())
+                        )  # fmt: skip
                     out = scratch / f"{label}_{engine}_{workers}".replace(" ", "_")
                     started, cpu = time.perf_counter(), cpu_seconds()
                     result = tokenize_files(
@@ -244,19 +310,25 @@ def main() -> int:
                     assert found == reference, f"{engine} x {workers}: the output differs"
                     rate = result.tokens / elapsed
                     ratio = rate / (workers * single)
+                    of_at_once = "" if at_once is None else f"{rate / at_once:.2f}"
                     # Ray's workers are no children of this process: their CPU is not seen.
-                    per_cpu = "" if engine == "ray" else f"{result.tokens / cpu / single_cpu:.2f}"
+                    per_cpu = cores = ""
+                    if engine != "ray":
+                        per_cpu = f"{result.tokens / cpu / single_cpu:.2f}"
+                        cores = f"{cpu / elapsed:.2f}"
                     rows.append(
-                        (label, engine, workers, text_bytes / elapsed, rate, ratio, per_cpu, load())
-                    )
+                        (label, engine, workers, text_bytes / elapsed, rate, ratio, per_cpu,
+                         of_at_once, cores, load())
+                    )  # fmt: skip
     print(
         "| encoder | run | workers | MB/s | Mtokens/s | / (workers x encode_batch) "
-        "| tokens per CPU s / encode_batch's | load 1/5 min |"
+        "| tokens per CPU s / encode_batch's | / encoders at once | cores busy | load 1/5 min |"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    for label, name, workers, mb, rate, ratio, per_cpu, when in rows:
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for label, name, workers, mb, rate, ratio, per_cpu, of_at_once, cores, when in rows:
         shown = "" if ratio is None else f"{ratio:.2f}"
-        cells = [label, name, workers, f"{mb / 1e6:.2f}", f"{rate / 1e6:.3f}", shown, per_cpu, when]
+        cells = [label, name, workers, f"{mb / 1e6:.2f}", f"{rate / 1e6:.3f}", shown, per_cpu,
+                 of_at_once, cores, when]  # fmt: skip
         print("| " + " | ".join(map(str, cells)) + " |")
     print(f"(load average at the end: {load()})")
     return 0

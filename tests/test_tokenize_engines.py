@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import multiprocessing
 import os
 import shutil
 import signal
@@ -25,7 +26,8 @@ import pytest
 from tests.conftest import byte_level_bpe
 from tests.test_tokenize_resume import killed_and_finished, start_child, wait_for, write_inputs
 from tokstream import cli
-from tokstream.tokenize import tokenize_files
+from tokstream.tokenize import engines, tokenize_files
+from tokstream.tokenize.encoders import Encoder
 
 pytest.importorskip("tokenizers")
 
@@ -104,6 +106,16 @@ def test_the_local_engine_gives_the_same_bytes_for_any_number_of_workers(
         assert hashes(out) == local_hashes
 
 
+def test_the_local_pool_starts_every_worker_before_the_first_task(tokenizer_file):
+    """Its workers import tokstream and load the tokenizer while the job plans, not after."""
+    before = set(multiprocessing.active_children())
+    with contextlib.ExitStack() as stack:
+        engines.start(stack, "local", Encoder(str(tokenizer_file)), 3, None)
+        started = set(multiprocessing.active_children()) - before
+        assert len(started) == 3 and all(process.is_alive() for process in started)
+    assert not set(multiprocessing.active_children()) - before
+
+
 # ---------------------------------------------------------------------------------------------
 # Ray
 
@@ -152,7 +164,8 @@ def test_ray_finishes_an_interrupted_run_with_the_local_bytes(
     calls = []
 
     def stop_after_two_shards(message: str, milestone: bool) -> None:
-        calls.append(message)
+        if milestone:
+            calls.append(message)
         if len(calls) == 3:
             raise KeyboardInterrupt
 

@@ -7,6 +7,7 @@ then be byte for byte that of a run never interrupted.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -63,11 +64,11 @@ def run(*argv: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-# A run in another process: after ``hold_after`` progress calls (the first at the start, then
-# one per shard made) it says "holding" and waits, up to 600 s or until SIGUSR1 (so that the
+# A run in another process: after ``hold_after`` progress milestones (the first at the start,
+# then one per shard made) it says "holding" and waits, up to 600 s or until SIGUSR1 (so that the
 # test can try a second run, kill it, or kill its cluster, while it holds the directory); it
 # prints "go" once imported (and connected to the Ray at ``address``), so a kill lands in the
-# job, not in the imports; each progress message goes to stderr with the seconds since "go".
+# job, not in the imports; each milestone goes to stderr with the seconds since "go".
 # ``engine`` and ``address`` choose where its shards are made; the environment's STALL, Ray's
 # stall limit.
 CHILD = """
@@ -79,6 +80,8 @@ calls = []
 resume = threading.Event()
 signal.signal(signal.SIGUSR1, lambda *_: resume.set())
 def progress(message, milestone):
+    if not milestone:  # progress within a shard
+        return
     calls.append(message)
     print(f"{time.perf_counter() - began:.3f}", message, file=sys.stderr, flush=True)
     if len(calls) == hold_after:
@@ -187,7 +190,8 @@ def test_an_interrupt_keeps_the_shards_made_before_it(tmp_path, tokenizer_file, 
     calls = []
 
     def interrupt_after_four_shards(message: str, milestone: bool) -> None:
-        calls.append(message)
+        if milestone:
+            calls.append(message)
         if len(calls) == 5:
             raise KeyboardInterrupt
 
@@ -310,12 +314,13 @@ def test_another_jobs_output_is_replaced_only_with_overwrite(tmp_path, tokenizer
 
 def test_progress_counts_over_all_inputs_with_rate_and_eta(tmp_path, tokenizer_file, inputs):
     messages = []
+
+    def progress(message: str, milestone: bool) -> None:
+        if milestone:
+            messages.append(message)
+
     tokenize_files(
-        inputs,
-        str(tokenizer_file),
-        tmp_path / "out",
-        shard_bytes=10000,
-        progress=lambda m, _: messages.append(m),
+        inputs, str(tokenizer_file), tmp_path / "out", shard_bytes=10000, progress=progress
     )
     shares = [float(re.match(r"tokenize: ([\d.]+)%", m).group(1)) for m in messages]
     shards = len(list((tmp_path / "out").glob("shard_*.documents.npy")))
@@ -333,3 +338,58 @@ def test_a_log_gets_a_progress_line_at_the_start_and_per_shard(tmp_path, tokeniz
     written = [int(re.search(r"(\d+) shards written", line).group(1)) for line in lines]
     assert len(written) > 2 and written == list(range(len(written)))
     assert all("ETA" in line for line in lines[1:])
+
+
+def counts(message: str) -> tuple[float, int, int, int]:
+    """The share, documents, tokens and shards written a progress message shows."""
+    found = re.match(
+        r"tokenize: ([\d.]+)% \| ([\d,]+) documents, ([\d,]+) tokens, (\d+) shards", message
+    )
+    assert found, message
+    share, documents, tokens, shards = found.groups()
+    return float(share), int(documents.replace(",", "")), int(tokens.replace(",", "")), int(shards)
+
+
+@pytest.mark.parametrize(("shard_bytes", "workers"), [(10**9, 1), (10**9, 2), (30000, 2)])
+def test_progress_within_a_shard_counts_each_batch_of_documents(
+    tmp_path, tokenizer_file, inputs, shard_bytes, workers
+):
+    """Between milestones, the running tasks report after each batch of documents they encode
+    (in this process or through the pool), and every count only grows."""
+    messages = []
+    result = tokenize_files(
+        inputs,
+        str(tokenizer_file),
+        tmp_path / "out",
+        shard_bytes=shard_bytes,
+        workers=workers,
+        progress=lambda message, milestone: messages.append((message, milestone)),
+    )
+    shown = [counts(message) for message, _ in messages]
+    assert shown == sorted(shown)  # share, documents, tokens, shards: never backwards
+    assert shown[-1] == (100.0, len(TEXTS), result.tokens, result.shards)
+    milestones = [c for c, (_, milestone) in zip(shown, messages, strict=True) if milestone]
+    assert [c[3] for c in milestones] == list(range(result.shards + 1))
+    if result.shards == 1:  # one shard of 3,000 documents: encoded in batches of 1,000
+        within = [c for c, (_, milestone) in zip(shown, messages, strict=True) if not milestone]
+        assert [c[1] for c in within][:2] == [1000, 2000] and all(c[3] == 0 for c in within)
+        assert 0 < within[0][0] < within[1][0] < 100.0 and 0 < within[0][2] < within[1][2]
+
+
+def test_the_largest_ranges_are_made_first(tmp_path, tokenizer_file):
+    """Ranges are the same size but where a file is never cut: a .gz makes a range of its own
+    size, and the largest is made first whatever its place in the inputs."""
+    sizes = [200, 1500, 600]
+    paths = []
+    for i, lines in enumerate(sizes):
+        path = tmp_path / f"{i}.txt.gz"
+        path.write_bytes(gzip.compress("\n".join(TEXTS[:lines]).encode(), mtime=0))
+        paths.append(str(path))
+    order = []
+
+    def progress(message: str, milestone: bool) -> None:
+        if milestone and counts(message)[3]:
+            order.append(counts(message)[1])  # the documents made so far
+
+    tokenize_files(paths, str(tokenizer_file), tmp_path / "out", shard_bytes=100, progress=progress)
+    assert order == [1500, 2100, 2300]

@@ -5,7 +5,9 @@ its documents and its manifest entry out. Every engine runs the same tasks, in a
 on any worker, so the output is the same, byte for byte, whatever the engine and the number of
 workers, and a run stopped under one engine is finished under any other.
 
-- ``"local"``: one worker runs the tasks in this process; more are spawned processes.
+- ``"local"``: one worker runs the tasks in this process; more are spawned processes, started
+  (each importing tokstream and loading the tokenizer) as soon as the engine is, while the job
+  plans its ranges.
 - ``"ray"``: each task is a Ray task (one CPU), at most ``workers`` at a time; without an
   address an embedded local Ray is started for the job (and stopped after it), with one the job
   runs on that cluster (``pip install "tokstream[ray]"``; every node needs tokstream and the
@@ -18,8 +20,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import multiprocessing
+import multiprocessing.queues
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,9 +41,14 @@ STALL_SECONDS = 1800.0
 #: The logger of Ray's notice that a new local Ray uses token authentication: an embedded Ray
 #: lives and dies with the job, so the notice is noise on the job's stderr.
 AUTH_NOTICE = "ray._private.authentication.authentication_token_setup"
+#: Seconds the local pool waits for a shard before passing on its workers' progress.
+REPORT_SECONDS = 0.5
 
 Entries = Iterator[tuple[tasks.Task, dict[str, Any]]]
-Runner = Callable[[list[tasks.Task]], Entries]
+#: Told how far a running task has got: its index, documents, tokens and input bytes so far.
+Reporter = Callable[[int, int, int, int], None]
+#: Runs tasks, yielding each with its shard's entry as made, telling the reporter meanwhile.
+Runner = Callable[[list[tasks.Task], Reporter], Entries]
 
 
 def start(
@@ -52,38 +61,84 @@ def start(
     """Start ``engine`` (its end registered on ``stack``); the function that runs tasks.
 
     The runner yields each task with its shard's entry as soon as it is made (in any order).
-    Called before the output directory is claimed: an engine that cannot start (Ray missing or
-    unreachable) leaves nothing written.
+    Called before the ranges are planned and the output directory claimed: an engine that
+    cannot start (Ray missing or unreachable) leaves nothing written, and the local engine's
+    workers start up while the job plans.
     """
     if engine == "ray":
         return _ray_runner(stack, workers, ray_address)
     if ray_address is not None:
         raise ValueError("ray_address (--ray-address) is for engine='ray' (--engine ray)")
     if workers == 1:
-        return lambda todo: ((task, tasks.run(task, encoder)) for task in todo)
+        return lambda todo, report: (
+            (task, tasks.run(task, encoder, functools.partial(report, task.index))) for task in todo
+        )
+    context = multiprocessing.get_context("spawn")
+    updates = context.SimpleQueue()
     pool = concurrent.futures.ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn")
+        workers, mp_context=context, initializer=_start_worker, initargs=(encoder.spec, updates)
     )
     stack.push(lambda error, *_: _stop_pool(pool, error is not None))
-    return lambda todo: _pooled(pool, todo, workers)
+    # The pool spawns a worker for each item submitted while none is idle: one each starts them
+    # all now, instead of at the first shard.
+    for _ in range(workers):
+        pool.submit(_started)
+    return lambda todo, report: _pooled(pool, updates, todo, workers, report)
 
 
 def _pooled(
-    pool: concurrent.futures.ProcessPoolExecutor, todo: list[tasks.Task], workers: int
+    pool: concurrent.futures.ProcessPoolExecutor,
+    updates: multiprocessing.queues.SimpleQueue,
+    todo: list[tasks.Task],
+    workers: int,
+    report: Reporter,
 ) -> Entries:
-    """Each task with its entry as made, at most two tasks a worker submitted at a time."""
+    """Each task with its entry as made, at most two tasks a worker submitted at a time; the
+    workers' progress passed on to ``report`` every :data:`REPORT_SECONDS` meanwhile."""
     waiting = iter(todo)
     running: dict[concurrent.futures.Future[dict[str, Any]], tasks.Task] = {}
     while True:
         for task in waiting:
-            running[pool.submit(tasks.run, task)] = task
+            running[pool.submit(_run_in_worker, task)] = task
             if len(running) >= 2 * workers:
                 break
         if not running:
             return
-        done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+        done, _ = concurrent.futures.wait(
+            running, timeout=REPORT_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        # A worker puts a task's progress before it returns the task's entry: every update of
+        # a task done is read here, before its entry is passed on.
+        while not updates.empty():
+            report(*updates.get())
         for future in done:
             yield running.pop(future), future.result()
+
+
+#: In a pool's worker process, the queue its tasks report their progress on.
+_updates: multiprocessing.queues.SimpleQueue | None = None
+
+
+def _start_worker(tokenizer: str, updates: multiprocessing.queues.SimpleQueue) -> None:
+    """A pool worker's start: the progress queue kept, the tokenizer loaded before any task."""
+    global _updates
+    _updates = updates
+    # A tokenizer that cannot be loaded here fails the worker's first task, with its own error.
+    with contextlib.suppress(Exception):
+        tasks.load(tokenizer)
+
+
+def _started() -> None:
+    """Submitted once per worker when the pool starts, so that all of them start at once."""
+
+
+def _run_in_worker(task: tasks.Task) -> dict[str, Any]:
+    return tasks.run(task, report=functools.partial(_put_update, task.index))
+
+
+def _put_update(index: int, documents: int, tokens: int, done: int) -> None:
+    assert _updates is not None  # set by _start_worker
+    _updates.put((index, documents, tokens, done))
 
 
 def _stop_pool(pool: concurrent.futures.ProcessPoolExecutor, failed: bool) -> None:
@@ -129,7 +184,8 @@ def _ray_runner(stack: contextlib.ExitStack, workers: int, address: str | None) 
     remote = ray.remote(num_cpus=1)(tasks.run)
     where = f"Ray at {address!r}" if address else "the local Ray"
 
-    def run(todo: list[tasks.Task]) -> Entries:
+    def run(todo: list[tasks.Task], report: Reporter) -> Entries:
+        # Progress is per shard made: a Ray task reports nothing while it runs.
         waiting = iter(todo)
         running: dict[Any, tasks.Task] = {}
         try:

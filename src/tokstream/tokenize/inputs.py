@@ -59,8 +59,10 @@ def parquet_rows(path: Path, text_field: str) -> int:
 
 def read_span(
     path: Path, start: int, end: int, text_field: str, document_per_file: bool
-) -> Iterator[str]:
-    """The documents of one input that begin in ``[start, end)``.
+) -> Iterator[tuple[str, int]]:
+    """The documents of one input that begin in ``[start, end)``, each with the input bytes of
+    the span read so far (for progress: the share of a file a ``.gz`` has read by its
+    compressed bytes, a Parquet row weighed as the file's bytes over its rows).
 
     For a splittable file (:func:`splittable`) these are byte offsets, and a document (a line)
     belongs to the span its first byte is in, so spans that tile a file read each line once;
@@ -80,7 +82,9 @@ def read_span(
             raise ValueError(f"input {path}: truncated or corrupt gzip data: {exc}") from None
 
 
-def _line_documents(path: Path, kind: str, text_field: str, start: int, end: int) -> Iterator[str]:
+def _line_documents(
+    path: Path, kind: str, text_field: str, start: int, end: int
+) -> Iterator[tuple[str, int]]:
     with open(path, "rb") as f:
         position = 0
         if start > 0:
@@ -96,7 +100,7 @@ def _line_documents(path: Path, kind: str, text_field: str, start: int, end: int
             )
             position += len(line)
             if text:
-                yield text
+                yield text, min(position, end) - start
 
 
 def _line_number(path: Path, offset: int) -> int:
@@ -107,19 +111,20 @@ def _line_number(path: Path, offset: int) -> int:
 
 def _whole_file_documents(
     path: Path, kind: str, text_field: str, document_per_file: bool
-) -> Iterator[str]:
+) -> Iterator[tuple[str, int]]:
     with open(path, "rb") as raw:
         f: IO[bytes] = gzip.GzipFile(fileobj=raw) if path.suffix.lower() == ".gz" else raw
         with f:
             if kind == "text" and document_per_file:
                 text = _decode(f.read(), path, 1)
                 if text:
-                    yield text
+                    yield text, raw.tell()
                 return
             for number, line in enumerate(f, start=1):
                 text = _document(line, path, kind, text_field, lambda n=number: n)
                 if text:
-                    yield text
+                    # The file's own position: for a .gz, the compressed bytes read so far.
+                    yield text, raw.tell()
 
 
 def _document(
@@ -177,9 +182,10 @@ def _parquet_file(path: Path, field: str) -> Any:
     return table_file
 
 
-def _parquet_documents(path: Path, field: str, start: int, end: int) -> Iterator[str]:
+def _parquet_documents(path: Path, field: str, start: int, end: int) -> Iterator[tuple[str, int]]:
     table_file = _parquet_file(path, field)
     metadata = table_file.metadata
+    row_bytes = path.stat().st_size / max(metadata.num_rows, 1)
     first = 0
     for group in range(metadata.num_row_groups):
         rows = metadata.row_group(group).num_rows
@@ -188,5 +194,6 @@ def _parquet_documents(path: Path, field: str, start: int, end: int) -> Iterator
             column = column.slice(max(start - first, 0), min(end, first + rows) - max(start, first))
             if column.null_count:
                 raise ValueError(f"input {path}: column {field!r} has null rows")
-            yield from (text for text in column.to_pylist() if text)
+            done = int((min(end, first + rows) - start) * row_bytes)
+            yield from ((text, done) for text in column.to_pylist() if text)
         first += rows

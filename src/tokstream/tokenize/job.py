@@ -108,8 +108,9 @@ def tokenize_files(
         The Ray cluster to run on (``engine="ray"``); None starts a local Ray for the job.
     progress
         Called with a one-line status (share of the input, documents, tokens, shards, rate,
-        ETA) and whether it is a milestone (every call is one): at the start and after each
-        shard made.
+        ETA) and whether it is a milestone: a milestone at the start and after each shard
+        made; in between, under the local engine, after each batch of documents a running
+        task has encoded (a milestone at most every 30 s, for logs).
 
     Raises
     ------
@@ -150,8 +151,25 @@ def tokenize_files(
         "text_field": text_field,
         "document_per_file": document_per_file,
     }
-    ranges = task.plan(paths, shard_bytes, text_field, document_per_file)
-    todo = [
+    claimed: list[Output] = []
+    with contextlib.ExitStack() as stack:
+        # Registered first, so released last: after the engine has stopped every task.
+        stack.callback(lambda: [out.release() for out in claimed])
+        # The engine before the plan and the output: one that cannot start leaves the output
+        # untouched, and the local engine's workers start up while the ranges are planned.
+        runner = engines.start(stack, engine, encoder, workers, ray_address)
+        todo = _tasks(paths, job, output, tokenizer)
+        out = Output.claim(output, job, overwrite)
+        claimed.append(out)
+        if not out.complete:
+            _run(out, todo, runner, progress)
+        return _result(out)
+
+
+def _tasks(paths: list[Path], job: dict[str, Any], output: Path, tokenizer: str) -> list[task.Task]:
+    """The job's ranges as tasks, in input order."""
+    ranges = task.plan(paths, job["shard_bytes"], job["text_field"], job["document_per_file"])
+    return [
         task.Task(
             index=index,
             spans=tuple((i, a, b) for i, a, b in spans),
@@ -159,25 +177,14 @@ def tokenize_files(
             paths=tuple((i, job["inputs"][i]["path"]) for i in sorted({i for i, _, _ in spans})),
             directory=os.fspath(output.resolve()),
             tokenizer=tokenizer,
-            eos=eos_id,
-            format=format,
-            dtype=dtype.name,
-            text_field=text_field,
-            document_per_file=document_per_file,
+            eos=job["eos"],
+            format=job["format"],
+            dtype=job["dtype"],
+            text_field=job["text_field"],
+            document_per_file=job["document_per_file"],
         )
         for index, (spans, size) in enumerate(ranges)
     ]
-    claimed: list[Output] = []
-    with contextlib.ExitStack() as stack:
-        # Registered first, so released last: after the engine has stopped every task.
-        stack.callback(lambda: [out.release() for out in claimed])
-        # The engine before the output: one that cannot start leaves the output untouched.
-        runner = engines.start(stack, engine, encoder, workers, ray_address)
-        out = Output.claim(output, job, overwrite)
-        claimed.append(out)
-        if not out.complete:
-            _run(out, todo, runner, progress)
-        return _result(out)
 
 
 def _run(
@@ -192,14 +199,36 @@ def _run(
     done = sum(todo[index].size for index in out.finished)
     documents = sum(entry["documents"] for entry in out.finished.values())
     tokens = sum(entry["tokens"] for entry in out.finished.values())
-    meter.update(done, documents, tokens, len(out.finished), True)
+    # How far each running task has got: documents, tokens, input bytes.
+    running: dict[int, tuple[int, int, int]] = {}
+
+    def show(milestone: bool) -> None:
+        partial = [sum(column) for column in zip(*running.values(), strict=True)] or [0, 0, 0]
+        meter.update(
+            done + partial[2],
+            documents + partial[0],
+            tokens + partial[1],
+            len(out.finished),
+            milestone,
+        )
+
+    def report(index: int, task_documents: int, task_tokens: int, task_bytes: int) -> None:
+        if index not in out.finished:  # an update read after the task's entry is stale
+            running[index] = (task_documents, task_tokens, task_bytes)
+            show(False)
+
+    show(True)
+    # The largest ranges first (they are all about shard_bytes but for a file never cut and the
+    # last), so that the job does not end waiting on a large one started last.
+    remaining = sorted((t for t in todo if t.index not in out.finished), key=lambda t: -t.size)
     try:
-        for made, entry in runner([t for t in todo if t.index not in out.finished]):
+        for made, entry in runner(remaining, report):
             out.record(made.index, entry)
+            running.pop(made.index, None)
             done += made.size
             documents += entry["documents"]
             tokens += entry["tokens"]
-            meter.update(done, documents, tokens, len(out.finished), True)
+            show(True)
         out.finish(len(todo))
     except Exception as error:
         out.fail(error)

@@ -14,6 +14,7 @@ never needs to be made again.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ BATCH_CHARS = 4 << 20
 
 #: A span of one input: [input index, start, end], bytes (or Parquet rows) from start to end.
 Span = list[int]
+
+#: Told, after each batch a task has written, its documents, tokens and input bytes so far.
+Report = Callable[[int, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -100,29 +104,35 @@ def plan(
     return ranges
 
 
-def run(task: Task, encoder: Encoder | None = None) -> dict[str, Any]:
+def run(task: Task, encoder: Encoder | None = None, report: Report | None = None) -> dict[str, Any]:
     """Make the shard of ``task``'s range; its manifest entry.
 
     ``encoder`` is the task's tokenizer already loaded in this process; without it a worker
-    loads it once and keeps it for its next tasks.
+    loads it once (:func:`load`) and keeps it for its next tasks. ``report`` is told how far
+    the task has got after each batch of documents (never per document).
 
     The shard and its ``.documents.npy`` are each written under a temporary name and renamed
     into place, so a killed run leaves either nothing or a whole file (written again, the same,
     when its range is run again).
     """
-    encoder = encoder or _encoder(task.tokenizer)
+    encoder = encoder or load(task.tokenizer)
     directory = Path(task.directory)
     dtype = np.dtype(task.dtype)
     largest = np.iinfo(dtype).max
     lengths: list[np.ndarray] = []
     path = directory / tokenized.shard_file(task.index, task.format)
     with TokenFileWriter(path, task.format, dtype) as writer:
-        for texts in batches(task):
+        documents = tokens = 0
+        for texts, done in batches(task):
             flat, batch_lengths = encode(encoder, texts, task.eos)
             if flat.shape[0] and (int(flat.min()) < 0 or int(flat.max()) > largest):
                 raise ValueError(f"the tokenizer produced ids outside {dtype}")
             writer.write(flat)
             lengths.append(batch_lengths)
+            documents += len(texts)
+            tokens += flat.shape[0]
+            if report is not None:
+                report(documents, tokens, done)
         offsets = np.zeros(sum(len(x) for x in lengths) + 1, dtype=np.int64)
         if lengths:
             np.cumsum(np.concatenate(lengths), out=offsets[1:])
@@ -138,21 +148,26 @@ def run(task: Task, encoder: Encoder | None = None) -> dict[str, Any]:
     }
 
 
-def batches(task: Task) -> Any:
-    """The range's document texts in batches of :data:`BATCH_DOCUMENTS` or :data:`BATCH_CHARS`."""
+def batches(task: Task) -> Iterator[tuple[list[str], int]]:
+    """The range's document texts in batches of :data:`BATCH_DOCUMENTS` or :data:`BATCH_CHARS`,
+    each with the range's input bytes read so far (at most ``task.size``)."""
     texts: list[str] = []
     chars = 0
     paths = dict(task.paths)
+    spans_done = done = 0  # the bytes of the spans read whole; of the range
     for index, start, end in task.spans:
         path = Path(paths[index])
-        for text in read_span(path, start, end, task.text_field, task.document_per_file):
+        read = 0
+        for text, read in read_span(path, start, end, task.text_field, task.document_per_file):
             texts.append(text)
             chars += len(text)
+            done = min(spans_done + read, task.size)
             if len(texts) >= BATCH_DOCUMENTS or chars >= BATCH_CHARS:
-                yield texts
+                yield texts, done
                 texts, chars = [], 0
+        spans_done += read
     if texts:
-        yield texts
+        yield texts, done
 
 
 def encode(encoder: Encoder, texts: list[str], eos: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -175,7 +190,7 @@ def pack(encoded: list[list[int]], eos: int | None) -> tuple[np.ndarray, np.ndar
 _encoders: dict[str, Encoder] = {}
 
 
-def _encoder(spec: str) -> Encoder:
+def load(spec: str) -> Encoder:
     """The tokenizer ``spec`` loaded once per process (an engine's worker runs many tasks)."""
     if spec not in _encoders:
         # One process per core already: the tokenizer's own thread pool would oversubscribe.
