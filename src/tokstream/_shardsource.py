@@ -143,8 +143,9 @@ class MappedShards(ShardSource):
 
     Subclasses give :meth:`_open` (map shard ``index`` and check it against what the table of
     contents says, raising ValueError naming the file). Each shard a live :class:`Readable`
-    points into is pinned (counted per Readable); maps are dropped least recently used first,
-    never a pinned one, before a new one is made, so the source holds at most
+    points into is pinned (each Readable's shards are kept until it is released and looked at
+    only when a map must be dropped: no cost a batch while the maps fit); maps are dropped
+    least recently used first, never a pinned one, before a new one is made, so it holds at most
     ``max(capacity, P)`` maps, ``P`` the distinct pinned shards (a batch whose shards
     outnumber ``capacity`` keeps them all until it is copied; releasing it drops the excess).
     Dropping a map only drops this object's reference: an array a caller holds (from
@@ -170,12 +171,13 @@ class MappedShards(ShardSource):
         self._resident = np.zeros(count, np.bool_)
         self._stamps = np.zeros(count, np.int64)
         self._tick = 0
-        self._pins = np.zeros(count, np.int64)  # live Readables pointing into each shard
+        self._live: dict[int, np.ndarray] = {}  # the shards of each live Readable, by number
+        self._serial = 0
         self._advice: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_lock", "_arrays", "_bases", "_resident", "_stamps", "_pins"):
+        for key in ("_lock", "_arrays", "_bases", "_resident", "_stamps", "_live"):
             del state[key]
         return state
 
@@ -197,29 +199,34 @@ class MappedShards(ShardSource):
             return array
 
     def readable(self, shards: np.ndarray, offsets: np.ndarray, nbytes: Any) -> Readable:
-        shards = np.asarray(shards, np.int64)
+        shards = np.array(shards, np.int64)  # a copy: the pins are these, whatever the caller does
         offsets = np.asarray(offsets, np.int64)
         self.check_ranges(shards, offsets, nbytes)
-        used = np.unique(shards)
         with self._lock:
             self._tick += 1
-            self._stamps[used] = self._tick
-            self._pins[used] += 1  # unique indices: one each
+            self._stamps[shards] = self._tick
+            # The shards stay pinned while the Readable lives: only an eviction looks at them.
+            self._serial += 1
+            key = self._serial
+            self._live[key] = shards
             try:
-                missing = used[~self._resident[used]].tolist()
-                self._evict(len(missing))  # room first: never more maps than the bound
-                for index in missing:
-                    self._map(index)
+                missing = shards[~self._resident[shards]]
+                if missing.shape[0]:
+                    missing = np.unique(missing)
+                    self._evict(missing.shape[0])  # room first: never more maps than the bound
+                    for index in missing.tolist():
+                        self._map(index)
             except BaseException:
-                self._pins[used] -= 1
+                del self._live[key]
                 raise
             addresses = self._bases[shards] + offsets.astype(np.uint64)
-        return Readable(addresses, lambda: self._released(used))
+        return Readable(addresses, lambda: self._released(key))
 
-    def _released(self, used: np.ndarray) -> None:
+    def _released(self, key: int) -> None:
         with self._lock:
-            self._pins[used] -= 1
-            self._evict(0)  # a batch over more shards than the bound leaves the bound
+            del self._live[key]
+            if len(self._arrays) > self.capacity:
+                self._evict(0)  # a batch over more shards than the bound leaves the bound
 
     def _map(self, index: int) -> np.ndarray:
         """Map and check shard ``index`` (the lock is held)."""
@@ -248,7 +255,10 @@ class MappedShards(ShardSource):
             return
         # A batch over many shards evicts once for a while: down to 7/8 of the capacity.
         excess += self.capacity // 8
-        candidates = np.flatnonzero(self._resident & (self._pins == 0))
+        unpinned = self._resident.copy()
+        for shards in self._live.values():
+            unpinned[shards] = False
+        candidates = np.flatnonzero(unpinned)
         if candidates.shape[0] > excess:
             oldest = np.argpartition(self._stamps[candidates], excess - 1)[:excess]
             candidates = candidates[oldest]
