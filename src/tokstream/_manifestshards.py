@@ -95,9 +95,7 @@ class ManifestShards(MappedShards):
             return None
         sidecar = self.path.parent / str(self._documents_file)
         where = f"token file {sidecar}"
-        from tokstream.formats import npy
-
-        boundaries = np.array(npy.read(sidecar), dtype=np.int64)
+        boundaries = np.array(self._read_sidecar(sidecar), dtype=np.int64)
         starts = cumulative(self.lengths)
         firsts = cumulative(counts)
         if boundaries.shape != (int(firsts[-1]) + 1,) or boundaries[-1] != starts[-1]:
@@ -117,6 +115,12 @@ class ManifestShards(MappedShards):
                 f"{where}: document boundaries must rise through each shard from its first token"
             )
         return boundaries
+
+    def _read_sidecar(self, sidecar: Path) -> np.ndarray:
+        """The document boundaries the sidecar holds, unchecked."""
+        from tokstream.formats import npy
+
+        return npy.read(sidecar)
 
     def _open(self, index: int) -> np.ndarray:
         """Map shard ``index`` with its format's reader and check it against its entry."""
@@ -142,11 +146,16 @@ class ManifestShards(MappedShards):
         if not isinstance(batch, int) or not 0 <= batch < len(shards):
             raise ValueError(f"{where}: no record batch {batch!r} (the manifest {self.path})")
         shard = shards[batch]
+        mapped = file_map_of(shard.tokens)
+        return self._checked(index, shard, None if mapped is None else mapped.offset, where)
+
+    def _checked(self, index: int, shard: Shard, offset: int | None, where: str) -> np.ndarray:
+        """Shard ``index``'s tokens, read-only, once they agree with its entry: dtype, count,
+        the byte its tokens start at (``offset``; None: not a map of a file) and documents."""
         tokens = _validate.token_array(shard.tokens, where)
         tokens.flags.writeable = False
-        mapped = file_map_of(shard.tokens)
         said = (int(self.lengths[index]), int(self._offsets[index]))
-        found = (tokens.shape[0], said[1] if mapped is None else mapped.offset)
+        found = (tokens.shape[0], said[1] if offset is None else offset)
         if tokens.dtype != self.dtype or found != said:
             raise ValueError(
                 f"{where}: holds {found[0]} {tokens.dtype} tokens from byte {found[1]}, the "

@@ -196,19 +196,30 @@ def open_tokens(
     if not isinstance(column, str):
         raise TypeError(f"column must be a str, got {type(column).__name__}")
     want = None if dtype is None else _validate.integer_dtype(dtype, "dtype")
+    remote_shards = None
     if remote_urls(path_or_paths_or_glob):
-        from tokstream.remote import _open
+        from tokstream.remote import _manifest, _open
 
-        shards = _open.open_remote(path_or_paths_or_glob, want, format, _open.options(remote))
-        return _corpus(shards, want, "token files")
-    listed = manifest.find(path_or_paths_or_glob)
+        opened = _open.open_remote(path_or_paths_or_glob, want, format, _open.options(remote))
+        if isinstance(opened, _open.Listed):
+            url, source = _manifest.open_listed(*opened)
+            listed: Any = (url, opened.body, source)
+        else:
+            listed, remote_shards = None, opened
+    else:
+        found = manifest.find(path_or_paths_or_glob)
+        listed = None if found is None else (*found, manifest.ManifestShards)
     if listed is not None:
         if format is not None:
             raise ValueError(f"token file {listed[0]} is a manifest; format= does not apply")
         custom = None if column == arrow.DEFAULT_COLUMN else column
-        return manifest.open_manifest(listed[0], want, custom, max_open_maps, body=listed[1])
+        return manifest.open_manifest(
+            listed[0], want, custom, max_open_maps, body=listed[1], source=listed[2]
+        )
     if max_open_maps is not None:
         raise ValueError("max_open_maps applies to a manifest; open_tokens got token files")
+    if remote_shards is not None:
+        return _corpus(remote_shards, want, "token files")
     if arrow.is_arrow_object(path_or_paths_or_glob):
         shards = arrow.read_object(path_or_paths_or_glob, column)
         return _corpus(shards, want, "Arrow table")

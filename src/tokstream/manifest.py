@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -237,21 +238,24 @@ def open_manifest(
     max_open_maps: int | None = None,
     *,
     body: dict[str, Any] | None = None,
+    source: Callable[[Any, Any, int], ManifestShards] = ManifestShards,
 ) -> Corpus:
     """The corpus a manifest lists, its shards read on demand (see the module).
 
-    ``body``: the manifest's parsed JSON when the caller read it already. Raises ValueError
+    ``body``: the manifest's parsed JSON when the caller read it already; ``source``: what
+    reads the shards (a manifest in object storage has its own). Raises ValueError
     naming the manifest when it is not one (wrong kind, version, a missing or malformed column,
     counts that disagree), when ``dtype`` or ``column`` disagree with it.
     """
     capacity = DEFAULT_CAPACITY if max_open_maps is None else max_open_maps
-    path = Path(path)
-    source = ManifestShards(path, load(path) if body is None else body, capacity)
-    if dtype is not None and _validate.integer_dtype(dtype, "dtype") != source.dtype:
-        raise ValueError(f"token file {path} lists {source.dtype} tokens, dtype={dtype} was asked")
-    if column is not None and column != source.column:
-        raise ValueError(f"token file {path} lists column {source.column!r}, column={column!r}")
-    return Corpus._from_source(source, "token files")
+    if source is ManifestShards:
+        path = Path(path)
+    shards = source(path, load(Path(path)) if body is None else body, capacity)
+    if dtype is not None and _validate.integer_dtype(dtype, "dtype") != shards.dtype:
+        raise ValueError(f"token file {path} lists {shards.dtype} tokens, dtype={dtype} was asked")
+    if column is not None and column != shards.column:
+        raise ValueError(f"token file {path} lists column {shards.column!r}, column={column!r}")
+    return Corpus._from_source(shards, "token files")
 
 
 def verify_manifest(path: PathLike) -> list[str]:

@@ -178,6 +178,29 @@ class Client:
 
         return await retrying(whole, f"{self.url(key)} (the whole object)", self.options)
 
+    async def read_head(self, key: str, nbytes: int) -> tuple[bytes, int, str | None]:
+        """The object's first ``nbytes`` bytes (all of it when shorter), its size and ETag: one
+        request (an empty object: its size alone)."""
+        obstore = require()
+
+        async def head() -> tuple[bytes, int, str | None]:
+            try:
+                result = await obstore.get_async(self.store, key, options={"range": (0, nbytes)})
+            except Exception as error:  # noqa: BLE001 - an empty object has no byte 0
+                if _not_found(error) or _permanent(error):
+                    raise
+                meta = await obstore.head_async(self.store, key)
+                if int(meta["size"]) != 0:
+                    raise
+                return b"", 0, meta.get("e_tag")
+            data = bytes(await result.bytes_async())
+            size = int(result.meta["size"])
+            if len(data) != min(nbytes, size):
+                raise _Truncated(f"{len(data)} bytes came of the {min(nbytes, size)} asked")
+            return data, size, result.meta.get("e_tag")
+
+        return await retrying(head, f"{self.url(key)} bytes [0, {nbytes})", self.options)
+
     async def list(self, prefix: str) -> list[tuple[str, int, str | None]]:
         """``(key, size, etag)`` of every object in the folder ``prefix`` (and below), by key."""
         obstore = require()

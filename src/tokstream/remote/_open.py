@@ -14,14 +14,16 @@ import asyncio
 import fnmatch
 import hashlib
 import io
+import json
 import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from tokstream._manifestshards import KIND as MANIFEST_KIND
 from tokstream._memory import available_memory
 from tokstream.formats import detect, llmc, megatron, npy, raw, tokenized
 from tokstream.formats._common import Shard, check_length, check_offsets
@@ -53,8 +55,10 @@ def split_url(url: str) -> tuple[str, str]:
 
 def open_remote(
     spec: str | Sequence[str], want: np.dtype | None, format: str | None, options: RemoteOptions
-) -> list[Shard]:
-    """The shards of a URL, a pattern of one or a list of URLs (see :func:`open_tokens`)."""
+) -> list[Shard] | Listed:
+    """The shards of a URL, a pattern of one or a list of URLs (see :func:`open_tokens`), or
+    the manifest a URL names (a ``.json`` object, or a directory holding ``manifest.json``),
+    read and parsed only."""
     if options.cache_dir is not None and not os.path.isdir(options.cache_dir):
         raise ValueError(f"cache_dir {options.cache_dir!r} is not a directory")
     free = available_memory()
@@ -70,25 +74,32 @@ def open_remote(
     if format == "arrow":
         raise ValueError("Arrow files are not read from object storage; convert them first")
 
-    async def everything() -> list[Shard]:
+    async def everything() -> list[Shard] | Listed:
         entries = []
         for url in urls:
             entries.extend(await _expand(session, url))
         semaphore = asyncio.Semaphore(options.max_in_flight)
 
-        async def bounded(entry: tuple[str, str, int | None, str | None]) -> list[Shard]:
+        async def bounded(entry: tuple[str, str, int | None, str | None]) -> Any:
             async with semaphore:
                 return await _open_entry(session, *entry, want=want, format=format)
 
         opened = await asyncio.gather(*(bounded(entry) for entry in entries))
+        listed = [found for found in opened if isinstance(found, Listed)]
+        if listed and len(opened) > 1:
+            raise ValueError(
+                f"token file {listed[0].url} is a manifest: open it on its own, not with other "
+                "token files"
+            )
+        if listed:
+            return listed[0]
         return [shard for shards in opened for shard in shards]
 
     try:
-        shards: list[Shard] = session.run(everything())
+        return session.run(everything())
     finally:
         # Opening leaves no thread or connection behind; the first fetch starts them again.
         session.close()
-    return shards
 
 
 async def _expand(session: Session, url: str) -> list[tuple[str, str, int | None, str | None]]:
@@ -130,6 +141,14 @@ async def _expand(session: Session, url: str) -> list[tuple[str, str, int | None
     return found
 
 
+class Listed(NamedTuple):
+    """A manifest at a URL (its parsed JSON), to be opened as the corpus it lists."""
+
+    url: str
+    body: Any
+    session: Session
+
+
 async def _open_entry(
     session: Session,
     root: str,
@@ -139,44 +158,57 @@ async def _open_entry(
     *,
     want: np.dtype | None,
     format: str | None,
-) -> list[Shard]:
+) -> list[Shard] | Listed:
     client = session.client(root)
     url = client.url(key)
-    directory = key.rstrip("/")
-    if size is None:
-        try:
-            size, etag = await client.size(key)
-        except RemoteNotFoundError:
-            # A tokenize directory, or a Megatron prefix.
-            try:
-                manifest = await _whole(session, client, f"{directory}/{tokenized.MANIFEST}")
-            except RemoteNotFoundError:
-                manifest = None
-            if manifest is not None:
-                return await _open_tokenized(session, client, directory, manifest, format)
-            try:
-                return [await _open_megatron(session, client, directory)]
-            except RemoteNotFoundError:
-                raise RemoteNotFoundError(2, "token file not found", url) from None
-    head = await client.read_range(key, 0, min(size, HEAD_BYTES)) if size else b""
-    head = bytes(head)
-    tail_start = max(size - detect.tail_bytes(head), 0)
-    tail = bytes(await client.read_range(key, tail_start, size)) if size else b""
-    if format == "bin":
-        found = "bin"
-    else:
-        beside = key.endswith(".bin") and await _exists(client, key[:-4] + ".idx")
-        found = detect.classify(head[: detect.HEAD_BYTES], tail, size, url, lambda: beside)
-        if format is not None and format != found:
-            raise ValueError(
-                f"token file {url}: bad magic: format={format!r} was asked, the object's first "
-                f"bytes say {found!r}"
-            )
+    try:
+        head, size, etag = await client.read_head(key, HEAD_BYTES)
+    except RemoteNotFoundError:
+        if size is not None:
+            raise  # listed a moment ago, gone now
+        return await _open_directory(session, client, key.rstrip("/"), format)
+    if key.endswith(".json"):
+        body = _json(await read_whole(session, client, key), url)
+        if isinstance(body, dict) and body.get("kind") == MANIFEST_KIND:
+            return Listed(url, body, session)
+    found = "bin" if format == "bin" else await _classify(client, key, head, size, format)
     if found == "megatron":
-        return [await _open_megatron(session, client, megatron.prefix(key).as_posix())]
+        return [await open_megatron(session, client, megatron.prefix(key).as_posix())]
     if found == "arrow":
         raise ValueError(f"token file {url}: Arrow files are not read from object storage")
     obj = ObjectBytes(session, root, key, size, etag)
+    dtype, offset, count = header_tokens(found, head, size, url, want)
+    return [Shard(remote_tokens(obj, offset, dtype, count), None, url)]
+
+
+async def _classify(client: Client, key: str, head: bytes, size: int, format: str | None) -> str:
+    """The object's format from its first bytes (and, only when they name none, its last bytes
+    and whether a ``.idx`` is beside it): one request fewer for every object with a magic."""
+    url = client.url(key)
+    try:
+        found = detect.classify(head[: detect.HEAD_BYTES], b"", size, url, lambda: False)
+    except ValueError:
+        found = None
+    if found not in ("npy", "megatron", "arrow", "llmc"):
+        tail_start = max(size - detect.tail_bytes(head), 0)
+        tail = head[tail_start:] if size <= len(head) else b""
+        if size > len(head):
+            tail = bytes(await client.read_range(key, tail_start, size))
+        beside = key.endswith(".bin") and await _exists(client, key[:-4] + ".idx")
+        found = detect.classify(head[: detect.HEAD_BYTES], tail, size, url, lambda: beside)
+    if format is not None and format != found:
+        raise ValueError(
+            f"token file {url}: bad magic: format={format!r} was asked, the object's first "
+            f"bytes say {found!r}"
+        )
+    return found
+
+
+def header_tokens(
+    found: str, head: bytes, size: int, url: str, want: np.dtype | None
+) -> tuple[np.dtype, int, int]:
+    """``(dtype, offset of the first token, count)`` of an npy, llm.c or raw object from its
+    first bytes and size, checked as the local readers check them."""
     if found == "npy":
         dtype, count, offset = npy.parse_header(io.BytesIO(head), f"token file {url}")
         check_length(url, size, offset, count, dtype, "its .npy header")
@@ -187,10 +219,43 @@ async def _open_entry(
     else:
         dtype = raw.DEFAULT_DTYPE if want is None else want
         offset, count = 0, raw.token_count(url, size, dtype)
-    return [Shard(_tokens(obj, offset, dtype, count), None, url)]
+    return dtype, offset, count
 
 
-def _tokens(obj: ObjectBytes, offset: int, dtype: np.dtype, count: int) -> np.ndarray:
+async def _open_directory(
+    session: Session, client: Client, directory: str, format: str | None
+) -> list[Shard] | Listed:
+    """A directory holding a manifest (its ``manifest.json``), a ``tokstream tokenize``
+    directory (its ``tokstream.json``), or a Megatron prefix."""
+    from tokstream.manifest import MANIFEST_NAME
+
+    url = client.url(directory)
+    try:
+        body = await read_whole(session, client, f"{directory}/{MANIFEST_NAME}")
+    except RemoteNotFoundError:
+        pass
+    else:
+        return Listed(f"{url}/{MANIFEST_NAME}", _json(body, f"{url}/{MANIFEST_NAME}"), session)
+    try:
+        manifest = await read_whole(session, client, f"{directory}/{tokenized.MANIFEST}")
+    except RemoteNotFoundError:
+        manifest = None
+    if manifest is not None:
+        return await _open_tokenized(session, client, directory, manifest, format)
+    try:
+        return [await open_megatron(session, client, directory)]
+    except RemoteNotFoundError:
+        raise RemoteNotFoundError(2, "token file not found", url) from None
+
+
+def _json(data: bytes, url: str) -> Any:
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"token file {url}: unreadable JSON: {exc}") from None
+
+
+def remote_tokens(obj: ObjectBytes, offset: int, dtype: np.dtype, count: int) -> np.ndarray:
     if not dtype.isnative:
         raise ValueError(
             f"token file {obj.url} holds byte-swapped {dtype} tokens, which would have to be "
@@ -213,34 +278,33 @@ async def _exists(client: Client, key: str) -> bool:
     return True
 
 
-async def _whole(session: Session, client: Client, key: str) -> bytes:
+async def read_whole(session: Session, client: Client, key: str) -> bytes:
     """A whole small object (an index, a manifest, document offsets), from the cache directory
     when an earlier run saved the same version of it there."""
-    size, etag = await client.size(key)
     cache = session.cache_dir
-    path = None
-    if cache is not None:
-        name = hashlib.sha256(f"{client.url(key)}\n{size}\n{etag}".encode()).hexdigest()[:32]
-        path = Path(cache) / f"{name}.whole"
-        if path.is_file() and path.stat().st_size == size:
-            return path.read_bytes()
+    if cache is None:
+        return await client.read(key)
+    size, etag = await client.size(key)
+    name = hashlib.sha256(f"{client.url(key)}\n{size}\n{etag}".encode()).hexdigest()[:32]
+    path = Path(cache) / f"{name}.whole"
+    if path.is_file() and path.stat().st_size == size:
+        return path.read_bytes()
     data = await client.read(key)
-    if path is not None:
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_bytes(data)
-        os.replace(temporary, path)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
     return data
 
 
-async def _open_megatron(session: Session, client: Client, prefix: str) -> Shard:
+async def open_megatron(session: Session, client: Client, prefix: str) -> Shard:
     index_key, bin_key = prefix + ".idx", prefix + ".bin"
     where = f"token file {client.url(index_key)}"
-    index = await _whole(session, client, index_key)
+    index = await read_whole(session, client, index_key)
     dtype, total, offsets = megatron.parse_index(np.frombuffer(index, np.uint8), where)
     size, etag = await client.size(bin_key)
     megatron.check_tokens_size(size, total, dtype, client.url(bin_key), index_key.rsplit("/")[-1])
     obj = ObjectBytes(session, client.root, bin_key, size, etag)
-    return Shard(_tokens(obj, 0, dtype, total), offsets, client.url(bin_key))
+    return Shard(remote_tokens(obj, 0, dtype, total), offsets, client.url(bin_key))
 
 
 async def _open_tokenized(
@@ -259,15 +323,16 @@ async def _open_tokenized(
     async def one(index: int) -> None:
         name = f"{directory}/{tokenized.shard_file(index, found)}"
         if found == "megatron":
-            shard = await _open_megatron(session, client, name)
+            shard = await open_megatron(session, client, name)
             shards[index] = Shard(shard.tokens, shard.document_offsets, client.url(name))
             return
         opened = await _open_entry(
             session, client.root, name, None, None, want=dtype_wanted, format=found
         )
+        assert isinstance(opened, list)  # a shard's name is no manifest's
         tokens = opened[0].tokens
         documents = f"{directory}/{tokenized.documents_file(index)}"
-        stored = np.load(io.BytesIO(await _whole(session, client, documents)))
+        stored = np.load(io.BytesIO(await read_whole(session, client, documents)))
         offsets = check_offsets(stored, tokens.shape[0], f"token file {client.url(documents)}")
         shards[index] = Shard(tokens, offsets, client.url(name))
 

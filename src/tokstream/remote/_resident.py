@@ -65,9 +65,10 @@ class Residency:
     @classmethod
     def of_corpus(cls, corpus: Any) -> Residency | None:
         """:meth:`of` a corpus' shards; None for a corpus whose shards are read on demand (a
-        manifest's: asking for its shards would map every one of them)."""
+        manifest's: asking for its shards would map every one of them); a manifest in object
+        storage has its own (its source fetches in its readable hook)."""
         if corpus.source is not None:
-            return None
+            return getattr(corpus.source, "residency", None)
         return cls.of(corpus.shards)
 
     def requests_at(self, addresses: np.ndarray, nbytes: np.ndarray | int) -> list[Request]:
@@ -179,7 +180,8 @@ def reads_object_storage(source: Any) -> bool:
     sources = getattr(source, "sources", None)  # a tokstream.mix() mixture
     corpora = list(sources.values()) if isinstance(sources, dict) else [source]
     return any(
-        corpus.source is None and any(remote_tokens_of(s) is not None for s in corpus.shards)
+        getattr(corpus.source, "remote", False)
+        or (corpus.source is None and any(remote_tokens_of(s) is not None for s in corpus.shards))
         for corpus in corpora
     )
 
