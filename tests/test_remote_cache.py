@@ -277,3 +277,21 @@ def test_an_eos_scan_of_a_remote_corpus_reads_its_bytes_within_the_budget(shards
 
 def test_pages_are_counted_in_whole_pages():
     assert EXTENT % PAGE == 0 and PAGE == mmap.PAGESIZE
+
+
+def test_a_dropped_object_no_longer_counts_and_its_number_is_not_reused():
+    import gc
+
+    session = Session(RemoteOptions(cache_max_bytes=8 * EXTENT))
+    first = ObjectBytes(session, "s3://bucket", "a.bin", 2 * EXTENT, "etag")
+    with session.cache.pin([(first, 0, 2 * EXTENT)]):
+        first.write(0, content(2 * EXTENT))
+    assert session.cache.resident_bytes == 2 * EXTENT
+    number = first.number
+    del first
+    gc.collect()
+    second = ObjectBytes(session, "s3://bucket", "b.bin", EXTENT, "etag")
+    assert second.number != number
+    with session.cache.pin([(second, 0, EXTENT)]):
+        second.write(0, content(EXTENT))
+    assert session.cache.resident_bytes == EXTENT

@@ -107,6 +107,8 @@ class Cache:
                 self.directory = self._claim_slot(self.directory)
         self._lock = threading.Lock()
         self._objects: weakref.WeakValueDictionary[int, ObjectBytes] = weakref.WeakValueDictionary()
+        self._numbered = 0  # objects registered so far: numbers are never reused
+        self._forgotten: list[int] = []  # objects dropped, their extents not yet uncounted
         # Resident extents, least recently used first, each with its bit mask of pages holding
         # bytes; and how many pins each pinned extent has.
         self._extents: OrderedDict[Key, int] = OrderedDict()
@@ -139,10 +141,11 @@ class Cache:
         """The number of a new object in this cache; ``pages`` (one page mask per extent, from
         an earlier run's files) says which of its extents already hold bytes."""
         with self._lock:
-            number = len(self._objects)
-            while number in self._objects:
-                number += 1
+            number = self._numbered
+            self._numbered += 1
             self._objects[number] = obj
+            # A dropped object's map is gone: so are its pages.
+            weakref.finalize(obj, self.forget, number)
             if pages is not None and self.bounded:
                 for extent in pages.nonzero()[0].tolist():
                     mask = int(pages[extent])
@@ -205,6 +208,16 @@ class Cache:
     def _undo_deferred(self) -> None:
         while self.deferred:
             self._unpin(self.deferred.pop())
+        if self._forgotten:
+            gone = set(self._forgotten)
+            self._forgotten.clear()
+            for key in [key for key in self._extents if key[0] in gone]:
+                self.resident_bytes -= self._extents.pop(key).bit_count() * PAGE
+
+    def forget(self, number: int) -> None:
+        """Object ``number`` was dropped (its map with it): its pages no longer count. Runs
+        from a finalizer, so the extents are uncounted by the next pin or unpin."""
+        self._forgotten.append(number)
 
     def wrote(self, obj: ObjectBytes, start: int, end: int) -> None:
         """Count the pages of ``[start, end)`` of ``obj`` as holding bytes (the lock is held)."""
