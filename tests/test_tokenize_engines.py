@@ -24,10 +24,17 @@ import numpy as np
 import pytest
 
 from tests.conftest import byte_level_bpe
-from tests.test_tokenize_resume import killed_and_finished, start_child, wait_for, write_inputs
+from tests.test_tokenize_resume import (
+    counts,
+    killed_and_finished,
+    start_child,
+    wait_for,
+    write_inputs,
+)
 from tokstream import cli
 from tokstream.tokenize import engines, tokenize_files
 from tokstream.tokenize.encoders import Encoder
+from tokstream.tokenize.task import Task
 
 pytest.importorskip("tokenizers")
 
@@ -151,9 +158,44 @@ def test_an_embedded_ray_gives_the_local_bytes_and_is_stopped(
     ray = pytest.importorskip("ray")
     assert not ray.is_initialized()
     out = tmp_path / "out"
-    tokenize_files(inputs, str(tokenizer_file), out, shard_bytes=20000, engine="ray", workers=2)
+    messages = []
+    result = tokenize_files(
+        inputs,
+        str(tokenizer_file),
+        out,
+        shard_bytes=20000,
+        engine="ray",
+        workers=2,
+        progress=lambda message, milestone: messages.append(message),
+    )
     assert not ray.is_initialized()
     assert hashes(out) == local_hashes
+    # Counts from the tasks' actor and from the shards made never go backwards.
+    shown = [counts(message) for message in messages]
+    assert shown == sorted(shown)
+    assert shown[-1] == (100.0, len(TEXTS), result.tokens, result.shards)
+
+
+def test_a_ray_task_reports_its_batches_to_the_jobs_actor(tmp_path, tokenizer_file):
+    """A Ray task sends its counts after each batch, without waiting, to the job's actor; the
+    last it sends are the shard's own."""
+    ray = pytest.importorskip("ray")
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(TEXTS + TEXTS))  # 4,000 documents: batches of 1,000
+    task = Task(7, ((0, 0, path.stat().st_size),), path.stat().st_size, ((0, str(path)),),
+                str(tmp_path), str(tokenizer_file), 0, "npy", "uint16", "text", False)  # fmt: skip
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        tally = ray.remote(num_cpus=0)(engines._Tally).remote()
+        entry = ray.get(ray.remote(engines._run_on_ray).remote(task, tally), timeout=300)
+        latest: dict[int, tuple[int, int, int]] = {}
+        deadline = time.monotonic() + 300  # a hang guard: the sends are on their way
+        while latest.get(7, (0,))[0] < entry["documents"]:
+            assert time.monotonic() < deadline, latest
+            latest.update(ray.get(tally.take.remote(), timeout=300))
+        assert latest == {7: (entry["documents"], entry["tokens"], task.size)}
+    finally:
+        ray.shutdown()
 
 
 def test_ray_finishes_an_interrupted_run_with_the_local_bytes(

@@ -14,6 +14,10 @@ workers, and a run stopped under one engine is finished under any other.
   tokenizer, and reads the inputs and writes the output directory at the same paths: a shared
   filesystem). A cluster that makes no shard for :data:`STALL_SECONDS` is a TimeoutError, not a
   hang (and Ray itself ends a driver whose cluster has been unreachable for 60 s).
+
+Running tasks report their counts after each batch of documents (in this process directly, a
+pool's workers through a queue, Ray tasks to a small actor of the job); the engine passes them
+on while it waits for shards.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import logging
 import multiprocessing
 import multiprocessing.queues
 import socket
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,7 +46,7 @@ STALL_SECONDS = 1800.0
 #: The logger of Ray's notice that a new local Ray uses token authentication: an embedded Ray
 #: lives and dies with the job, so the notice is noise on the job's stderr.
 AUTH_NOTICE = "ray._private.authentication.authentication_token_setup"
-#: Seconds the local pool waits for a shard before passing on its workers' progress.
+#: Seconds an engine waits for a shard before passing on its running tasks' progress.
 REPORT_SECONDS = 0.5
 
 Entries = Iterator[tuple[tasks.Task, dict[str, Any]]]
@@ -181,27 +186,36 @@ def _ray_runner(stack: contextlib.ExitStack, workers: int, address: str | None) 
             where = f"ray address {address!r}" if address else "a local Ray"
             raise ValueError(f"cannot start {where} (--ray-address): {exc}") from None
         stack.callback(ray.shutdown)
-    remote = ray.remote(num_cpus=1)(tasks.run)
+    remote = ray.remote(num_cpus=1)(_run_on_ray)
+    # Created before any task takes the CPUs; it holds none while it runs.
+    tally = ray.remote(num_cpus=0)(_Tally).remote()
     where = f"Ray at {address!r}" if address else "the local Ray"
 
     def run(todo: list[tasks.Task], report: Reporter) -> Entries:
-        # Progress is per shard made: a Ray task reports nothing while it runs.
         waiting = iter(todo)
         running: dict[Any, tasks.Task] = {}
+        last_shard = time.monotonic()
         try:
             while True:
                 for task in waiting:
-                    running[remote.remote(task)] = task
+                    running[remote.remote(task, tally)] = task
                     if len(running) >= workers:
                         break
                 if not running:
                     return
-                done, _ = ray.wait(list(running), num_returns=1, timeout=STALL_SECONDS)
-                if not done:
+                done, _ = ray.wait(list(running), num_returns=1, timeout=REPORT_SECONDS)
+                if done:
+                    last_shard = time.monotonic()
+                elif time.monotonic() - last_shard > STALL_SECONDS:
                     raise TimeoutError(
                         f"{where} made no shard in {STALL_SECONDS:g} s ({len(running)} running): "
                         "is the cluster alive? Run the command again to go on"
                     )
+                # Progress is shown, never waited for: counts that do not come back in time
+                # (a cluster going away) are skipped, and the stall limit above decides.
+                with contextlib.suppress(ray.exceptions.RayError):
+                    for index, counts in ray.get(tally.take.remote(), timeout=CONNECT_SECONDS):
+                        report(index, *counts)
                 for reference in done:
                     yield running.pop(reference), _result(ray, reference, where)
         finally:
@@ -210,6 +224,25 @@ def _ray_runner(stack: contextlib.ExitStack, workers: int, address: str | None) 
                     ray.cancel(reference, force=True)
 
     return run
+
+
+def _run_on_ray(task: tasks.Task, tally: Any) -> dict[str, Any]:
+    """A Ray task: ``task`` made, its progress sent to the ``tally`` actor without waiting."""
+    return tasks.run(task, report=lambda *counts: tally.put.remote(task.index, *counts))
+
+
+class _Tally:
+    """A Ray actor: the latest counts of each running task, until the job takes them."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, tuple[int, int, int]] = {}
+
+    def put(self, index: int, documents: int, tokens: int, done: int) -> None:
+        self.counts[index] = (documents, tokens, done)
+
+    def take(self) -> list[tuple[int, tuple[int, int, int]]]:
+        counts, self.counts = self.counts, {}
+        return list(counts.items())
 
 
 def _result(ray: Any, reference: Any, where: str) -> dict[str, Any]:

@@ -109,8 +109,8 @@ def tokenize_files(
     progress
         Called with a one-line status (share of the input, documents, tokens, shards, rate,
         ETA) and whether it is a milestone: a milestone at the start and after each shard
-        made; in between, under the local engine, after each batch of documents a running
-        task has encoded (a milestone at most every 30 s, for logs).
+        made; in between, after each batch of documents a running task has encoded (a
+        milestone at most every 30 s, for logs).
 
     Raises
     ------
