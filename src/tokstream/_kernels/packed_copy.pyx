@@ -7,7 +7,7 @@ allocates; the Python side (``tokstream._packed``) proves every index and addres
 cimport cython
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 
-from tokstream._kernels.copy cimport outside_out
+from tokstream._kernels.copy cimport convert
 from tokstream._kernels.types cimport out_t, token_t
 
 
@@ -70,17 +70,15 @@ def fill_packed(
                 length = lengths[i]
                 # Inputs are the slots below block; slot + length <= block + 1.
                 inputs = min(length, block - slot)
-                for j in range(inputs):
-                    inputs_row[slot + j] = <out_t>tokens[j]
-                    outside |= outside_out(tokens[j], inputs_row)
+                outside |= convert(tokens, inputs, &inputs_row[slot])
                 # Labels straight from the tokens (reading them back from inputs_row right
                 # after writing it stalls when the two rows' addresses alias modulo 4 KiB):
-                # slot slot + j is label slot + j - 1, for slot + j in [1, block].
-                for j in range(1 if slot == 0 else 0, min(length, block + 1 - slot)):
-                    labels_row[slot + j - 1] = <out_t>tokens[j]
-                # The last slot is a label only.
-                if slot + length > block:
-                    outside |= outside_out(tokens[block - slot], inputs_row)
+                # slot slot + j is label slot + j - 1, for slot + j in [1, block] (the last
+                # slot is a label only, so every token is checked by one of the two copies).
+                j = 1 if slot == 0 else 0
+                outside |= convert(
+                    &tokens[j], min(length, block + 1 - slot) - j, &labels_row[slot + j - 1]
+                )
                 if write_mask:
                     if slot > 0:
                         label_continues[r, slot - 1] = 0
