@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import KERNEL_DTYPES
 from tokstream._kernels import DEBUG_BUILD, gather
-from tokstream._space import CACHE_AHEAD_BYTES, CACHE_AHEAD_MAX_WINDOWS, cache_ahead
+from tokstream._space import CACHE_AHEAD_BYTES, CACHE_AHEAD_MAX_WINDOWS, cache_ahead, rows_ahead
 
 
 def test_loaded_kernel_is_the_compiled_extension():
@@ -216,6 +216,22 @@ def test_cache_ahead_keeps_about_2_kib_ahead_and_skips_long_windows(dtype):
     # memcpy where the output dtype is the corpus', a converting loop (prefetched) elsewhere.
     assert cache_ahead(128, np.dtype("int32"), "int32") == 0
     assert cache_ahead(128, np.dtype("int64"), "int32") == 1
+
+
+def test_packed_rows_are_requested_ahead_by_about_4_kib_and_long_rows_not():
+    assert rows_ahead(128, np.dtype("int64")) == 3
+    assert rows_ahead(1024, np.dtype("uint16")) == 1
+    assert rows_ahead(1024, np.dtype("int64")) == 0
+    assert rows_ahead(8, np.dtype("uint8")) == CACHE_AHEAD_MAX_WINDOWS
+    for block in (1, 7, 100, 2047, 2048, 4096):
+        for dtype in ("uint8", "uint16", "int32", "int64"):
+            rows = rows_ahead(block, np.dtype(dtype))
+            assert 0 <= rows <= CACHE_AHEAD_MAX_WINDOWS
+            assert (
+                rows == 0
+                or rows == 1
+                or rows * (block + 1) * np.dtype(dtype).itemsize <= 2 * CACHE_AHEAD_BYTES
+            )
 
 
 PORTABLE_H = Path(__file__).resolve().parents[1] / "src" / "tokstream" / "_kernels" / "portable.h"

@@ -195,3 +195,14 @@ def test_the_compiled_fill_is_the_oracle_s_over_shards_of_any_dtype(dtype):
         shard_starts = corpus.shard_starts
         expected = fill_rows(corpus.shards, shard_starts, pieces, 16, 101)
         same(batch, expected)
+
+
+@pytest.mark.parametrize("ahead", [1, 3, 63, 2**40])
+def test_requesting_rows_ahead_into_the_cache_never_changes_the_rows(ahead):
+    rng = np.random.default_rng(5)
+    corpus = Corpus.from_documents([rng.integers(0, 100, n) for n in rng.integers(1, 60, 300)])
+    streams = [packed(corpus, block=16, batch_size=64, epochs=2, seed=1) for _ in range(2)]
+    streams[0]._fill._rows_ahead = 0
+    streams[1]._fill._rows_ahead = ahead
+    for plain, ahead_batch in zip(*streams, strict=True):
+        same(plain, ahead_batch)

@@ -32,7 +32,7 @@ from tokstream._kernels.gather import gather_at, gather_windows
 from tokstream._kernels.packed_copy import fill_packed
 from tokstream._options import StreamOptions
 from tokstream._packed import PackedMixtureSpace, PackedSpace
-from tokstream._space import WindowSpace, cache_ahead
+from tokstream._space import WindowSpace, cache_ahead, rows_ahead
 from tokstream.remote._resident import Residency
 
 #: A batch: ``(windows, targets)``, or with extras a dict of arrays (and ``"max_seqlen"``, an
@@ -250,6 +250,9 @@ class PackedFill:
         self._anchor = np.empty(0, dtype)
         self._refuse = _OutsideOutDtype(dtype, options.out_dtype)
         self.residency = Residency.of_corpus(space.corpus)
+        # Rows whose pieces the kernel requests ahead of the copy (0: none); unshuffled rows
+        # read consecutive documents, which the hardware prefetcher streams.
+        self._rows_ahead = rows_ahead(space.block, dtype) if options.shuffle else 0
 
     def __call__(
         self,
@@ -285,6 +288,7 @@ class PackedFill:
                     label_continues,
                     position_ids,
                     document_ids,
+                    self._rows_ahead,
                 )
             if not fitted:
                 raise self._refuse()

@@ -1,4 +1,6 @@
-/* The converting copies: tokens of one dtype written into an int32 or int64 batch.
+/* The converting copies: tokens of one dtype written into an int32 or int64 batch; and the
+ * runs a batch's extras are made of, a constant (padding, a piece's number) or a ramp (position
+ * ids).
  *
  * tokstream_convert_FROM_TO(source, count, out) writes out[j] = (TO)source[j] for j < count and
  * returns nonzero when one of those tokens does not fit TO (the values written are then wrong:
@@ -67,5 +69,26 @@ TOKSTREAM_CONVERT(uint8, int64, TOKSTREAM_FITS_ALWAYS)
 TOKSTREAM_CONVERT(uint16, int64, TOKSTREAM_FITS_ALWAYS)
 TOKSTREAM_CONVERT(uint32, int64, TOKSTREAM_FITS_ALWAYS)
 TOKSTREAM_CONVERT(uint64, int64, TOKSTREAM_FITS_ALWAYS)
+
+/* tokstream_fill_TO(out, count, value): out[j] = value; tokstream_ramp_TO(out, count): out[j] = j
+ * (count fits TO: the caller's guarantee), for j < count. */
+#define TOKSTREAM_RUNS(TO)                                                                       \
+    TOKSTREAM_CONVERT_CLONES TOKSTREAM_CONVERT_UNUSED static void tokstream_fill_##TO(           \
+        TO##_t *out, int64_t count, TO##_t value) {                                              \
+        int64_t j;                                                                               \
+        for (j = 0; j < count; j++) {                                                            \
+            out[j] = value;                                                                      \
+        }                                                                                        \
+    }                                                                                            \
+    TOKSTREAM_CONVERT_CLONES TOKSTREAM_CONVERT_UNUSED static void tokstream_ramp_##TO(           \
+        TO##_t *out, int64_t count) {                                                            \
+        int64_t j;                                                                               \
+        for (j = 0; j < count; j++) {                                                            \
+            out[j] = (TO##_t)j;                                                                  \
+        }                                                                                        \
+    }
+
+TOKSTREAM_RUNS(int32)
+TOKSTREAM_RUNS(int64)
 
 #endif

@@ -27,6 +27,10 @@ cdef extern from "convert.h":
     uint64_t tokstream_convert_uint16_int64(const uint16_t *source, int64_t count, int64_t *out) noexcept nogil
     uint64_t tokstream_convert_uint32_int64(const uint32_t *source, int64_t count, int64_t *out) noexcept nogil
     uint64_t tokstream_convert_uint64_int64(const uint64_t *source, int64_t count, int64_t *out) noexcept nogil
+    void tokstream_fill_int32(int32_t *out, int64_t count, int32_t value) noexcept nogil
+    void tokstream_fill_int64(int64_t *out, int64_t count, int64_t value) noexcept nogil
+    void tokstream_ramp_int32(int32_t *out, int64_t count) noexcept nogil
+    void tokstream_ramp_int64(int64_t *out, int64_t count) noexcept nogil
 
 
 cdef inline void prefetch_window(const token_t *window, Py_ssize_t block) noexcept nogil:
@@ -87,6 +91,22 @@ cdef inline uint64_t convert(const token_t *source, Py_ssize_t count, out_t *out
         return tokstream_convert_uint32_int64(source, count, out)
     elif out_t is int64_t and token_t is uint64_t:
         return tokstream_convert_uint64_int64(source, count, out)
+
+
+cdef inline void fill_run(out_t *out, Py_ssize_t count, int64_t value) noexcept nogil:
+    # out[:count] = value (which fits out_t: the caller's guarantee).
+    if out_t is int32_t:
+        tokstream_fill_int32(out, count, <int32_t>value)
+    else:
+        tokstream_fill_int64(out, count, value)
+
+
+cdef inline void ramp_run(out_t *out, Py_ssize_t count) noexcept nogil:
+    # out[:count] = 0, 1, 2, ... (count - 1 fits out_t: the caller's guarantee).
+    if out_t is int32_t:
+        tokstream_ramp_int32(out, count)
+    else:
+        tokstream_ramp_int64(out, count)
 
 
 cdef inline uint64_t copy_window(

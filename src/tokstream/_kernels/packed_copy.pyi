@@ -19,4 +19,5 @@ def fill_packed(
     label_continues: npt.NDArray[np.uint8] | None,  # uint8_t[:, ::1]
     position_ids: Out | None,  # out_t[:, ::1]
     document_ids: npt.NDArray[np.int32] | None,  # int32_t[:, ::1]
+    cache_ahead: int = 0,  # Py_ssize_t
 ) -> bool: ...  # False: a token does not fit the output dtype

@@ -7,8 +7,18 @@ allocates; the Python side (``tokstream._packed``) proves every index and addres
 cimport cython
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 
-from tokstream._kernels.copy cimport convert
+from libc.string cimport memset
+
+from tokstream._kernels.copy cimport convert, fill_run, prefetch_window, ramp_run, tokstream_fill_int32
 from tokstream._kernels.types cimport out_t, token_t
+
+cdef extern from *:
+    """
+    #ifndef TOKSTREAM_DEBUG
+    #define TOKSTREAM_DEBUG 0
+    #endif
+    """
+    const bint TOKSTREAM_DEBUG
 
 
 # Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
@@ -26,8 +36,9 @@ def fill_packed(
     uint8_t[:, ::1] label_continues,
     out_t[:, ::1] position_ids,
     int32_t[:, ::1] document_ids,
+    Py_ssize_t cache_ahead=0,
 ):
-    """fill_packed(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] lengths, const int64_t[::1] row_offsets, const int64_t[::1] rows, Py_ssize_t first_row, int64_t pad, out_t[:, ::1] input_ids, out_t[:, ::1] labels, uint8_t[:, ::1] label_continues, out_t[:, ::1] position_ids, int32_t[:, ::1] document_ids) -> bool
+    """fill_packed(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] lengths, const int64_t[::1] row_offsets, const int64_t[::1] rows, Py_ssize_t first_row, int64_t pad, out_t[:, ::1] input_ids, out_t[:, ::1] labels, uint8_t[:, ::1] label_continues, out_t[:, ::1] position_ids, int32_t[:, ::1] document_ids, Py_ssize_t cache_ahead=0) -> bool
 
     Row ``first_row + k`` of the batch is row ``t = rows[k]`` of the table: pieces
     ``row_offsets[t] .. row_offsets[t + 1] - 1`` laid side by side from slot 0 of ``block + 1``
@@ -40,7 +51,9 @@ def fill_packed(
     number in the row, the padding counting as a piece of its own. The last three may be
     None, and are then not written. Tokens and position ids are written in ``out_t`` (int64 or
     int32); returns False when a token does not fit it (the rows are then wrong and must not
-    be handed out).
+    be handed out). With ``cache_ahead=d > 0`` the pieces of the batch's row ``k + d`` (of
+    this call) are requested into the cache (a software prefetch) before row ``k`` is filled
+    (:func:`tokstream._space.rows_ahead` chooses ``d``).
 
     The caller guarantees: every address readable for its piece's length (a piece of a shard
     the caller keeps alive), every length >= 1, each table row's lengths summing to at most
@@ -56,18 +69,36 @@ def fill_packed(
     cdef const token_t *tokens
     cdef out_t *inputs_row
     cdef out_t *labels_row
+    cdef uint8_t *mask_row = NULL
+    cdef out_t *positions_row = NULL
+    cdef int32_t *documents_row = NULL
     cdef uint64_t outside = 0
     with nogil:
         for k in range(count):
+            # first_row + k is a row of every buffer (the caller's guarantee).
             r = first_row + k
+            if cache_ahead > 0 and cache_ahead < count - k:
+                # Row rows[k + cache_ahead]'s pieces: each readable for its length.
+                t = rows[k + cache_ahead]
+                for i in range(row_offsets[t], row_offsets[t + 1]):
+                    prefetch_window(<const token_t *><uintptr_t>addresses[i], lengths[i] - 1)
             t = rows[k]
             inputs_row = &input_ids[r, 0]
             labels_row = &labels[r, 0]
+            if write_mask:
+                mask_row = &label_continues[r, 0]
+            if write_positions:
+                positions_row = &position_ids[r, 0]
+            if write_documents:
+                documents_row = &document_ids[r, 0]
             slot = 0
             piece = 0
             for i in range(row_offsets[t], row_offsets[t + 1]):
                 tokens = <const token_t *><uintptr_t>addresses[i]
                 length = lengths[i]
+                if TOKSTREAM_DEBUG and not (1 <= length and slot + length <= block + 1):
+                    with gil:
+                        raise IndexError(f"piece {i} of {length} tokens does not fit its row")
                 # Inputs are the slots below block; slot + length <= block + 1.
                 inputs = min(length, block - slot)
                 outside |= convert(tokens, inputs, &inputs_row[slot])
@@ -80,27 +111,28 @@ def fill_packed(
                     &tokens[j], min(length, block + 1 - slot) - j, &labels_row[slot + j - 1]
                 )
                 if write_mask:
+                    # The label of slot slot starts the piece; labels slot .. slot + length - 2
+                    # continue it.
                     if slot > 0:
-                        label_continues[r, slot - 1] = 0
-                    for j in range(1, length):
-                        label_continues[r, slot + j - 1] = 1
+                        mask_row[slot - 1] = 0
+                    memset(&mask_row[slot], 1, length - 1)
                 if write_positions:
-                    for j in range(inputs):
-                        position_ids[r, slot + j] = <out_t>j
+                    ramp_run(&positions_row[slot], inputs)
                 if write_documents:
-                    for j in range(inputs):
-                        document_ids[r, slot + j] = <int32_t>piece
+                    tokstream_fill_int32(documents_row + slot, inputs, <int32_t>piece)
                 slot += length
                 piece += 1
             # The padding: slots slot .. block (the last is a label only).
-            for j in range(slot, block):
-                inputs_row[j] = <out_t>pad
+            if slot < block:
+                fill_run(&inputs_row[slot], block - slot, pad)
                 if write_positions:
-                    position_ids[r, j] = <out_t>(j - slot)
+                    ramp_run(&positions_row[slot], block - slot)
                 if write_documents:
-                    document_ids[r, j] = <int32_t>piece
-            for j in range(max(slot, 1), block + 1):
-                labels_row[j - 1] = <out_t>pad
+                    tokstream_fill_int32(documents_row + slot, block - slot, <int32_t>piece)
+            # Labels max(slot, 1) - 1 .. block - 1 are padding (a row of no piece: all of them).
+            j = max(slot, 1)
+            if j <= block:
+                fill_run(&labels_row[j - 1], block + 1 - j, pad)
                 if write_mask:
-                    label_continues[r, j - 1] = 0
+                    memset(&mask_row[j - 1], 0, block + 1 - j)
     return outside == 0
