@@ -221,6 +221,23 @@ def test_tokens_at_the_ends_of_int32_pass(windows, dtype, value):
         assert_same_values(a, b)
 
 
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_a_refused_batch_is_refused_again_when_made_by_the_prefetch_thread(prefetch):
+    # Token 39 is in the third batch only (see below); the two before it are delivered.
+    ids = np.arange(200, dtype=np.int64)
+    ids[39] = 2**31
+    stream = stream_token_source(ids, 16, 8, shuffle=False, prefetch=prefetch, out_dtype="int32")
+    wide = stream_token_source(ids, 16, 8, shuffle=False)
+    for _ in range(2):
+        assert_same_values(next(wide), next(stream))
+    delivered = stream.state_dict()
+    for _ in range(3):
+        with pytest.raises(ValueError, match="does not fit out_dtype"):
+            next(stream)
+    assert stream.state_dict() == delivered
+    stream.close()
+
+
 def test_a_refused_batch_leaves_the_last_reused_batch_intact():
     # Sequential batches of 8 windows of 16 tokens: batch k reads tokens 8k .. 8k + 23, so
     # token 39 is in the third batch only.

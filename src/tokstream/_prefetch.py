@@ -135,6 +135,8 @@ class Prefetcher:
         self._exited = False
         self._thread: threading.Thread | None = None
         self._finished = False
+        # Set once a result was a failure (the thread then ends).
+        self._failed = False
         self.orphaned = False
 
     @property
@@ -144,8 +146,9 @@ class Prefetcher:
 
     @property
     def usable(self) -> bool:
-        """False when the owner must discard this prefetcher (stopped, or orphaned by a fork)."""
-        return not (self.orphaned or self._stopping)
+        """False when the owner must discard this prefetcher (stopped, orphaned by a fork, or
+        ended by a failure it handed over)."""
+        return not (self.orphaned or self._stopping or self._failed)
 
     def _start(self) -> None:
         thread = threading.Thread(
@@ -226,7 +229,10 @@ class Prefetcher:
             self._finished = True
             raise StopIteration
         if isinstance(item, _Failure):
-            self._finished = True
+            # The thread has ended: the owner discards this prefetcher and starts another at
+            # the last batch it delivered, so the next call makes the failed batch again
+            # (and fails again, or delivers it), never ending the stream early.
+            self._finished = self._failed = True
             raise item.error
         return item
 
