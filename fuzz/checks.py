@@ -27,6 +27,7 @@ import numpy as np
 from fuzz.model import (
     DEFAULTS,
     EXTRA_ARGS,
+    REFUSED,
     SPEC_ARGS,
     DocumentList,
     Rejected,
@@ -126,25 +127,43 @@ def check_call(tokens: Any, kwargs: dict[str, Any]) -> str:
         outcome = f"{type(exc).__name__}:{expected.name.split('[')[0]}"
     else:
         assert expected is None, f"expected {expected.error.__name__} for {expected.name}"
-        check_stream(stream, shards, controls)
-        outcome = "batches"
+        outcome = check_stream(stream, shards, controls)
 
     if not isinstance(tokens, ShardList):
         check_reference(tokens, kwargs, expected)
     return outcome
 
 
-def check_stream(stream, shards, controls) -> None:
+def check_stream(stream, shards, controls) -> str:
+    """The stream's batches are the model's; returns ``"batches"``, or ``"batches, then
+    refused"`` when the model's batches reach one that ``out_dtype`` must refuse."""
     try:
         count = model_length(shards, controls)
         if count <= sys.maxsize:
             assert len(stream) == count, f"len {len(stream)} != {count}"
-        head = itertools.islice(stream, MAX_BATCHES)
-        expected = itertools.islice(model_batches(shards, controls), MAX_BATCHES)
-        assert_batches_equal(head, expected, "stream", held=controls["reuse_buffers"])
+        expected = list(itertools.islice(model_batches(shards, controls), MAX_BATCHES))
+        refused = next((i for i, batch in enumerate(expected) if batch is REFUSED), None)
+        head = itertools.islice(stream, MAX_BATCHES if refused is None else refused)
+        held = controls["reuse_buffers"]
+        assert_batches_equal(head, iter(expected[:refused]), "stream", held=held)
+        if refused is not None:
+            check_refused(stream, refused)
     finally:
         stream.close()
     assert_no_prefetch_thread()
+    return "batches" if refused is None else "batches, then refused"
+
+
+def check_refused(stream, step: int) -> None:
+    """Batch ``step`` holds a token outside int32 (out_dtype="int32"): refused whole with a
+    ValueError naming out_dtype, again on the next call (the stream has not moved)."""
+    for attempt in range(2):
+        try:
+            next(stream)
+        except ValueError as exc:
+            assert "out_dtype" in str(exc), f"batch {step}: {exc!r} does not name out_dtype"
+        else:
+            raise AssertionError(f"batch {step} (attempt {attempt}): a token outside int32 passed")
 
 
 def uses_spec_options_only(kwargs: dict[str, Any]) -> bool:

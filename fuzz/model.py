@@ -33,6 +33,7 @@ EXTRA_ARGS = (
     "eos",
     "windows",
     "extras",
+    "out_dtype",
 )
 DEFAULTS = {
     "epochs": 1,
@@ -49,6 +50,7 @@ DEFAULTS = {
     "eos": None,
     "windows": "cross",
     "extras": (),
+    "out_dtype": "int64",
 }
 # Rounds of the implicit permutation's network (tokstream.stream).
 IMPLICIT_ROUNDS = 6
@@ -232,7 +234,52 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
         low, high = max(int(info.min), INT64_MIN), min(int(info.max), INT64_MAX)
         if not low <= controls["eos"] <= high:
             raise Rejected(ValueError, "eos")
+    # The batches' dtype: position ids below block must fit it.
+    controls["out_dtype"] = model_out_dtype(args["out_dtype"])
+    if controls["out_dtype"] == "int32" and controls["block"] > 2**31:
+        raise Rejected(ValueError, "out_dtype")
     return shards, controls
+
+
+def model_out_dtype(value: Any) -> str:
+    """``"int64"`` or ``"int32"``, spelled as a str or an ``np.dtype`` of native byte order
+    (not a scalar type such as ``np.int32``), or Rejected."""
+    if not isinstance(value, (str, np.dtype)):
+        raise Rejected(TypeError, "out_dtype")
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        raise Rejected(ValueError, "out_dtype") from None
+    if dtype.isnative and dtype in (np.dtype(np.int64), np.dtype(np.int32)):
+        return dtype.name
+    raise Rejected(ValueError, "out_dtype")
+
+
+class Refused:
+    """A batch the stream must refuse whole: a token of it does not fit ``out_dtype="int32"``
+    (a ValueError naming out_dtype, the stream not moved)."""
+
+    def __repr__(self) -> str:
+        return "Refused()"
+
+
+#: The model's verdict for such a batch.
+REFUSED = Refused()
+
+
+def in_out_dtype(batch: Any, c: dict[str, Any]) -> Any:
+    """An int64 model batch as the stream writes it in ``c["out_dtype"]``: tokens and position
+    ids cast to int32, or :data:`REFUSED` when a token does not fit (the other extras keep
+    their dtypes)."""
+    if c.get("out_dtype", "int64") == "int64":
+        return batch
+    tokens = (batch["input_ids"], batch["labels"]) if isinstance(batch, dict) else batch
+    if any(t.size and not (-(2**31) <= t.min() and t.max() < 2**31) for t in tokens):
+        return REFUSED
+    if not isinstance(batch, dict):
+        return tuple(t.astype(np.int32) for t in batch)
+    narrow = ("input_ids", "labels", "position_ids")
+    return {k: v.astype(np.int32) if k in narrow else v for k, v in batch.items()}
 
 
 #: The batch extras of a stream over a corpus, and the one only a mixture gives.
@@ -437,10 +484,11 @@ def _model_windows(shards, segments, offsets, c, indices):
         else:
             after.append(tokens[local + 1 : local + block + 1])
     batch = np.array(windows, dtype=np.int64), np.array(after, dtype=np.int64)
-    return (
+    return in_out_dtype(
         with_extras(*batch, np.array(ends, bool).reshape(-1, block + 1), c)
         if c["extras"]
-        else batch
+        else batch,
+        c,
     )
 
 

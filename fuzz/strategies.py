@@ -237,6 +237,12 @@ def call_kwargs(draw) -> dict[str, Any]:
                 ]
             )
         ),
+        "out_dtype": control(
+            st.sampled_from(
+                ["int32", "int32", "int64", np.dtype("int32"), np.dtype(">i4"), "float32", "i2"]
+                + [np.int32, "int33"]
+            )
+        ),
     }
     for name, strategy in optional.items():
         if draw(st.booleans()):
@@ -368,15 +374,24 @@ def reshaped_runs(draw):
 def document_calls(draw):
     """Valid calls over tokens of a few values, one of them the eos, so that documents start
     inside most windows (by the eos rule or recorded, ``Corpus.from_documents``, empty ones
-    included): every window policy, stride, target and extra."""
-    dtype = draw(st.sampled_from(["u1", "u2", "i2", "i8"]))
+    included): every window policy, stride, target and extra; int64 or int32 batches, with
+    now and then a token at or beyond an end of int32 (in the dtypes that hold one)."""
+    dtype = draw(st.sampled_from(["u1", "u2", "i2", "i8", "u4", "u8"]))
+    edges = {
+        "i8": [2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**40],
+        "u4": [2**31 - 1, 2**31, 2**32 - 1],
+        "u8": [2**31 - 1, 2**31, 2**63 - 1],
+    }.get(dtype, [])
+    ids = st.integers(0, 4)
+    if edges and draw(st.booleans()):
+        ids = st.one_of(*[ids] * 30, st.sampled_from(edges))
     if draw(st.booleans()):
-        documents = draw(st.lists(st.lists(st.integers(0, 4), max_size=40), min_size=1, max_size=8))
+        documents = draw(st.lists(st.lists(ids, max_size=40), min_size=1, max_size=8))
         corpus = DocumentList([np.array(d, dtype=dtype) for d in documents])
     else:
-        shards = [np.array(draw(st.lists(st.integers(0, 4), max_size=160)), dtype=dtype)]
+        shards = [np.array(draw(st.lists(ids, max_size=160)), dtype=dtype)]
         if draw(st.booleans()):
-            shards.append(np.array(draw(st.lists(st.integers(0, 4), max_size=60)), dtype))
+            shards.append(np.array(draw(st.lists(ids, max_size=60)), dtype))
         corpus = ShardList(shards)
     world_size = draw(st.integers(1, 3))
     kwargs = {
@@ -395,6 +410,7 @@ def document_calls(draw):
         "extras": tuple(draw(st.lists(st.sampled_from(DOCUMENT_EXTRAS), unique=True, min_size=1))),
         "prefetch": draw(st.sampled_from([0, 0, 1])),
         "reuse_buffers": draw(st.sampled_from([0, 0, 2])),
+        "out_dtype": draw(st.sampled_from(["int64", "int32"])),
     }
     return corpus, kwargs
 
