@@ -4,6 +4,7 @@ first read, with the same shards, documents, batches and states as the job's rec
 
 from __future__ import annotations
 
+import pickle
 import shutil
 from pathlib import Path
 
@@ -13,8 +14,9 @@ import pytest
 import tokstream
 from tests.conftest import byte_level_bpe
 from tokstream import files
-from tokstream.manifest import MANIFEST_NAME
+from tokstream.manifest import MANIFEST_NAME, write_manifest
 
+from .conftest import assert_same_batches
 from .test_manifest import STREAMS, CallCounter
 
 pytest.importorskip("tokenizers")
@@ -119,3 +121,28 @@ def test_a_replaced_tokenization_replaces_its_manifest(tmp_path, tokenizer_file)
     assert {p.suffix for p in out.glob("shard_*") if "documents" not in p.name} == {".bin"}
     eager = opened_by_its_record(out, tmp_path / "record")
     np.testing.assert_array_equal(np.concatenate(corpus.shards), np.concatenate(eager.shards))
+
+
+def test_a_manifest_of_a_tokenize_directorys_shards_by_glob_reads_them_as_the_glob_does(
+    tmp_path, tokenizer_file
+):
+    # A glob over the shard files gives them without their documents; so must its manifest.
+    out = tokenize(tmp_path, tokenizer_file, 1200)
+    pattern = str(out / "shard_*.npy")
+    globbed = files.open_tokens(pattern)
+    assert not globbed.has_documents
+    listed = files.open_tokens(write_manifest(pattern, tmp_path / "toc.json"))
+    for j in range(len(globbed.shards)):
+        np.testing.assert_array_equal(listed.shards[j], globbed.shards[j])
+    assert_same_batches(
+        tokstream.TokenStream(listed, 8, 4, shuffle=True, seed=1),
+        tokstream.TokenStream(globbed, 8, 4, shuffle=True, seed=1),
+    )
+
+
+def test_a_corpus_that_checked_documents_pickles_as_its_table_alone(tmp_path, tokenizer_file):
+    out = tokenize(tmp_path, tokenizer_file, 60)
+    corpus = files.open_tokens(out)
+    small = len(pickle.dumps(corpus))
+    np.asarray(corpus.shards[3])  # reads and checks the documents of all shards
+    assert len(pickle.dumps(corpus)) == small

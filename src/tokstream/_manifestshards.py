@@ -68,11 +68,14 @@ class ManifestShards(MappedShards):
         # The Arrow file of several record batches read last: they are the next shards to be
         # asked for. It keeps that one file mapped (one map beyond the bound at most).
         self._last_file: tuple[str, list[Shard]] | None = None
+        self._documents_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._tokenize_directories: dict[Path, bool] = {}
         super().__init__(capacity)
 
     def __getstate__(self) -> dict[str, Any]:
+        # Pickled as its table: nothing read from the files (documents included) travels.
         state = super().__getstate__()
-        state["_last_file"] = None
+        state.update(_last_file=None, _documents_cache=None, _tokenize_directories={})
         return state
 
     @property
@@ -167,49 +170,51 @@ class ManifestShards(MappedShards):
     def _check_documents(self, index: int, shard: Shard, where: str) -> None:
         said = self._document_counts[index]
         offsets = shard.document_offsets
-        if offsets is None and format_documents_file(self.file(index)) is not None:
-            documents = format_documents_file(self.file(index))
-            assert documents is not None
-            from tokstream.formats import npy
+        if offsets is None and said is not None:
+            documents = self._documents_beside(self.file(index))
+            if documents is not None:
+                from tokstream.formats import npy
 
-            offsets = check_offsets(
-                npy.read(documents), int(self.lengths[index]), f"token file {documents}"
-            )
+                offsets = check_offsets(
+                    npy.read(documents), int(self.lengths[index]), f"token file {documents}"
+                )
         found = None if offsets is None else offsets.shape[0] - 1
         if found != said:
             raise ValueError(
                 f"{where}: records {found} documents, the manifest {self.path} says {said}"
             )
         if offsets is not None:
-            boundaries = self._boundaries()
-            counts = self.document_counts()
-            assert boundaries is not None and counts is not None
-            first = int(counts[:index].sum())
-            start = int(self.lengths[:index].sum())
+            boundaries, firsts, starts = self._documents_table()
+            first, start = int(firsts[index]), int(starts[index])
             if not np.array_equal(boundaries[first : first + said] - start, offsets[:-1]):
                 raise ValueError(
                     f"{where}: its documents are not those the manifest {self.path} records"
                 )
 
-    def _boundaries(self) -> np.ndarray | None:
-        cached = getattr(self, "_cached_boundaries", None)
-        if cached is None:
-            cached = self._cached_boundaries = self.document_boundaries()
-        return cached
+    def _documents_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(boundaries, each shard's first document, each shard's first token)``, made once
+        (a shard's check then costs no pass over the table)."""
+        if self._documents_cache is None:
+            counts, boundaries = self.document_counts(), self.document_boundaries()
+            assert counts is not None and boundaries is not None
+            self._documents_cache = (boundaries, cumulative(counts), cumulative(self.lengths))
+        return self._documents_cache
 
+    def _documents_beside(self, file: Path) -> Path | None:
+        """The ``.documents.npy`` beside a shard of a ``tokstream tokenize`` directory, or None
+        (whether a directory is one is asked once)."""
+        from tokstream.formats import tokenized
 
-def format_documents_file(file: Path) -> Path | None:
-    """The ``.documents.npy`` beside a shard of a ``tokstream tokenize`` directory, or None."""
-    from tokstream.formats import tokenized
-
-    name = file.name
-    if not name.startswith("shard_") or not tokenized.is_directory(file.parent):
-        return None
-    digits = name[len("shard_") : len("shard_") + 6]
-    if not digits.isdigit():
-        return None
-    documents = file.parent / tokenized.documents_file(int(digits))
-    return documents if documents.is_file() else None
+        name, parent = file.name, file.parent
+        digits = name[len("shard_") : len("shard_") + 6]
+        if not name.startswith("shard_") or not digits.isdigit():
+            return None
+        if parent not in self._tokenize_directories:
+            self._tokenize_directories[parent] = tokenized.is_directory(parent)
+        if not self._tokenize_directories[parent]:
+            return None
+        documents = parent / tokenized.documents_file(int(digits))
+        return documents if documents.is_file() else None
 
 
 class _ShardNames:
