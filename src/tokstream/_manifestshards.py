@@ -171,7 +171,7 @@ class ManifestShards(MappedShards):
         said = self._document_counts[index]
         offsets = shard.document_offsets
         if offsets is None and said is not None:
-            documents = self._documents_beside(self.file(index))
+            documents = self._documents_file_beside(self.file(index))
             if documents is not None:
                 from tokstream.formats import npy
 
@@ -200,7 +200,7 @@ class ManifestShards(MappedShards):
             self._documents_cache = (boundaries, cumulative(counts), cumulative(self.lengths))
         return self._documents_cache
 
-    def _documents_beside(self, file: Path) -> Path | None:
+    def _documents_file_beside(self, file: Path) -> Path | None:
         """The ``.documents.npy`` beside a shard of a ``tokstream tokenize`` directory, or None
         (whether a directory is one is asked once)."""
         from tokstream.formats import tokenized
