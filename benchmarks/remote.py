@@ -11,7 +11,11 @@ delay, side by side in one run:
 - tokstream's rate: a shuffled stream over ``open_tokens("s3://bucket/tokens/*.npy")`` with the
   same ``--in-flight`` (``RemoteOptions(max_in_flight=...)``), windows per second over at least
   ``--seconds`` after the first batch; the first batch's time from the stream's creation; the
-  bytes fetched per byte of the windows delivered (the look-ahead's last windows included).
+  bytes fetched per byte of the windows delivered (the look-ahead's last windows included);
+- the store's own time for the first batch: the range GETs of exactly that batch's windows
+  (one per window, ``--batch-size`` of them), ``--in-flight`` at once, straight with obstore from
+  a new store (no pooled connection, as the stream's first batch has none), timed from the
+  store's creation to the last byte: the floor of tokstream's first batch.
 
 The two alternate round by round; every remote batch is first checked byte-identical to the same
 stream over the same files on disk.
@@ -88,6 +92,42 @@ async def _range_gets(
 
     await asyncio.gather(*(worker() for _ in range(in_flight)))
     return done, time.perf_counter() - start
+
+
+async def _gets(store: Any, ranges: Sequence[tuple[str, int, int]], in_flight: int) -> None:
+    """The range GETs ``ranges`` (key, start, end), ``in_flight`` at once."""
+    import obstore
+
+    semaphore = asyncio.Semaphore(in_flight)
+
+    async def one(key: str, start: int, end: int) -> None:
+        async with semaphore:
+            data = await obstore.get_range_async(store, key, start=start, end=end)
+        assert len(data) == end - start
+
+    await asyncio.gather(*(one(*r) for r in ranges))
+
+
+def store_first_batch(
+    bucket: str, endpoint: str, ranges: Sequence[tuple[str, int, int]], in_flight: int
+) -> float:
+    """Seconds for the store to serve ``ranges`` from a new store (new connections)."""
+    begin = time.perf_counter()
+    asyncio.run(_gets(store_of(bucket, endpoint), ranges, in_flight))
+    return time.perf_counter() - begin
+
+
+def first_batch_ranges(
+    url: str, block: int, batch_size: int, seed: int
+) -> list[tuple[str, int, int]]:
+    """(key, start, end) of the windows of the first batch of the stream :func:`stream_rate`
+    makes with ``seed``, one range per window, found without fetching a token."""
+    stream = tokstream.stream_token_source(tokstream.open_tokens(url), block, batch_size, seed=seed)
+    order, residency = stream._order, stream._fill.residency
+    windows = order.batch_windows(order.first_cursor(), order.rows_at(order.first_cursor()))
+    ranges = [(obj.key, a, b) for obj, a, b in residency.window_requests(stream._space, windows)]
+    stream.close()
+    return ranges
 
 
 def store_rate(
@@ -180,9 +220,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         for delay in args.delay:
             proxy.configure(delay_ms=delay)
-            rates, streams, firsts, fetched = [], [], [], []
+            rates, streams, firsts, fetched, floors = [], [], [], [], []
             for round_ in range(args.rounds):
                 rates.append(store_rate(store, objects, size, args.in_flight, args.seconds))
+                ranges = first_batch_ranges(url, args.block, args.batch_size, round_)
+                floors.append(store_first_batch(bucket, proxy.endpoint, ranges, args.in_flight))
                 rate, first, ratio = stream_rate(
                     url, args.block, args.batch_size, args.in_flight, args.seconds, round_
                 )
@@ -195,6 +237,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             line += f" (rounds {', '.join(f'{r:.0f}' for r in streams)})"
             line += f" = {statistics.median(streams) / statistics.median(rates):.2f} of the store"
             line += f"; first batch {statistics.median(firsts):.2f} s (max {max(firsts):.2f})"
+            line += f", the store's {statistics.median(floors):.2f} s for its {len(ranges)} GETs"
+            pairs = zip(firsts, floors, strict=True)
+            line += f" (rounds {', '.join(f'{a:.2f}/{b:.2f}' for a, b in pairs)})"
             line += f"; fetched / delivered {max(fetched):.3f} at most"
             print(line, flush=True)
     finally:

@@ -24,6 +24,7 @@ from tests.remote_cases import (
     require_remote,
 )
 from tokstream.remote._memory import remote_tokens_of
+from tokstream.remote._session import coalesce
 
 remote = require_remote()
 
@@ -41,6 +42,10 @@ def files(proxied_bucket, tmp_path):
     return tokstream.open_tokens(str(data / spec)), open_remote(
         proxied_bucket.url(f"npy/{spec}"), deadline=5.0
     )
+
+
+def session_of(corpus):
+    return remote_tokens_of(corpus.shards[0]).object.session
 
 
 def settle(corpus) -> None:
@@ -132,4 +137,33 @@ def test_without_look_ahead_the_refused_store_fails_the_next_batch(files, proxie
     stream.seek(stream.batches_per_epoch // 2)  # a jump: nothing fetched ahead there
     with pytest.raises(remote.RemoteReadError, match="403|Forbidden|cannot read"):
         next(stream)
+    stream.close()
+
+
+def first_gets(stream) -> int:
+    """The range GETs of the batch at the stream's cursor (its windows' ranges, coalesced)."""
+    order, residency = stream._order, stream._fill.residency
+    windows = order.batch_windows(stream._cursor, order.rows_at(stream._cursor))
+    return len(coalesce(residency.window_requests(stream._space, windows)))
+
+
+def test_a_batch_waited_for_is_fetched_before_the_batches_ahead_of_it(files, proxied_bucket):
+    # Each request takes 200 ms at the proxy: the look-ahead's requests, sent only once the
+    # first batch's bytes are in, cannot have been answered when that batch is handed out.
+    local, far = files
+    expected = as_list(tokstream.stream_token_source(local, 8, 16, seed=5))
+    proxied_bucket.proxy.configure(delay_ms=200)
+    stream = tokstream.stream_token_source(far, 8, 16, seed=5)
+    session = session_of(far)
+    gets = first_gets(stream)
+    got = [next(stream)]
+    assert session.requests == gets
+    settle(far)
+    assert session.requests > gets  # then the batches ahead are fetched
+    # The same after a jump, where nothing was fetched ahead.
+    stream.seek(20)
+    before, gets = session.requests, first_gets(stream)
+    got.append(next(stream))
+    assert session.requests - before == gets
+    assert_same(got, [expected[0], expected[20]])
     stream.close()

@@ -62,6 +62,8 @@ class ReadAhead:
         self._ahead: deque[tuple[Cursor, np.ndarray]] = deque()
         self._resident_streak = 0
         self._until_check = 0
+        # Told before a batch the stream waits for is advised (a remote corpus' fetches).
+        self._cold_start = getattr(gather, "cold_start", None)
 
     @property
     def warm(self) -> bool:
@@ -83,6 +85,8 @@ class ReadAhead:
             # Nothing was read ahead (the first batch, or a jump): read this one now, all of its
             # windows at once rather than one fault at a time.
             starts = self._order.batch_windows(cursor, count)
+            if self._cold_start is not None:
+                self._cold_start()
             self._advise(starts)
         last = self._ahead[-1][0] if self._ahead else cursor
         while len(self._ahead) < self.depth:

@@ -57,8 +57,9 @@ class Loop:
             started.wait()
             self._loop, self._thread, self._pid = loop, thread, os.getpid()
             # A loop nobody holds any more (its corpus and streams were dropped unclosed) ends
-            # its thread too; the thread itself holds nothing of this object.
-            weakref.finalize(self, _stop, loop, thread)
+            # its thread too; the thread itself holds nothing of this object. Not waited for:
+            # a finalizer runs wherever the collector does, and must not block there.
+            weakref.finalize(self, _stop, loop, thread, False)
             return loop
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -85,8 +86,8 @@ class Loop:
         _stop(loop, thread)
 
 
-def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-    """End a dropped loop's thread (cancelling what is left in flight)."""
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread, join: bool = True) -> None:
+    """End a loop's thread, cancelling what is left in flight; ``join``: wait for it to end."""
     if not thread.is_alive():
         return
 
@@ -101,5 +102,5 @@ def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
         asyncio.run_coroutine_threadsafe(cancel_all(), loop)
     except RuntimeError:  # the loop already stopped
         return
-    if thread is not threading.current_thread():
+    if join and thread is not threading.current_thread():
         thread.join(_JOIN_SECONDS)

@@ -12,7 +12,9 @@ kernel call runs inside ``with pin:``, so none of those bytes is evicted before 
 
 from __future__ import annotations
 
+import concurrent.futures
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,8 @@ import numpy as np
 from tokstream.remote._cache import Pin
 from tokstream.remote._memory import ObjectBytes, remote_tokens_of
 from tokstream.remote._session import Request, Session
+
+Futures = Sequence[concurrent.futures.Future[None]]
 
 #: Windows a remote stream keeps requested ahead of the batch being copied, per GET allowed in
 #: flight: enough to keep every allowed GET busy while a batch waits, few enough that little
@@ -107,22 +111,25 @@ class Residency:
         """Return once every byte of these windows is in memory (see the module docstring)."""
         return self.ensure(self.window_requests(space, windows_index))
 
-    def fetch_windows(self, space: Any, windows_index: np.ndarray) -> None:
-        """Start fetching these windows' bytes; returns at once."""
-        self.fetch(self.window_requests(space, windows_index))
+    def fetch_windows(self, space: Any, windows_index: np.ndarray, after: Futures = ()) -> Futures:
+        """Start fetching these windows' bytes (see :meth:`fetch`); returns at once."""
+        return self.fetch(self.window_requests(space, windows_index), after)
 
-    def fetch_rows(self, space: Any, windows_index: np.ndarray) -> None:
-        """Start fetching the pieces of these packed rows of ``space`` (a packed space);
-        returns at once. The ranges are those :meth:`ensure_pieces` asks for."""
+    def fetch_rows(self, space: Any, windows_index: np.ndarray, after: Futures = ()) -> Futures:
+        """Start fetching the pieces of these packed rows of ``space`` (a packed space); returns
+        at once. The ranges are those :meth:`ensure_pieces` asks for."""
         addresses, nbytes = space.piece_addresses(windows_index)
-        self.fetch(self.requests_at(addresses, nbytes))
+        return self.fetch(self.requests_at(addresses, nbytes), after)
 
-    def fetch(self, requests: list[Request]) -> None:
-        """Start fetching these ranges; returns at once."""
+    def fetch(self, requests: list[Request], after: Futures = ()) -> Futures:
+        """Start fetching these ranges, once the futures ``after`` are done; returns at once,
+        with the futures the ranges wait on."""
+        futures: Futures = []
         for session in self._sessions:
             mine = [r for r in requests if r[0].session is session]
             if mine:
-                session.fetch(mine)
+                futures.extend(session.fetch(mine, after))
+        return futures
 
     def ensure_pieces(
         self, rows: np.ndarray, row_offsets: np.ndarray, addresses: np.ndarray, lengths: np.ndarray
@@ -163,15 +170,28 @@ class _Advisor:
     def __init__(self, residency: Residency, space: Any) -> None:
         self._residency, self._space = residency, space
         # A packed space says where its rows' pieces are; a window space where its windows are.
-        self._packed = hasattr(space, "piece_addresses")
+        self._fetch = (
+            residency.fetch_rows if hasattr(space, "piece_addresses") else (residency.fetch_windows)
+        )
+        self._waited: Futures | None = None  # None: the next batch advised is waited for
+        self._cold = True
+
+    def cold_start(self) -> None:
+        """The next batch advised is one the stream is about to wait for (nothing was read
+        ahead: the first batch, or one after a jump): the batches advised after it are fetched
+        once its bytes are in. At 64 in flight the store otherwise serves the look-ahead's
+        requests beside that batch's last ones, and the batch takes longer to arrive."""
+        self._cold = True
 
     def advise(self, windows_index: np.ndarray, sample: int) -> int:
         """Start fetching the windows (or packed rows); never "all resident", so look-ahead
         never stops."""
-        if self._packed:
-            self._residency.fetch_rows(self._space, windows_index)
+        if self._cold:
+            self._cold = False
+            self._waited = self._fetch(self._space, windows_index)
         else:
-            self._residency.fetch_windows(self._space, windows_index)
+            waited = self._waited or ()
+            self._fetch(self._space, windows_index, [f for f in waited if not f.done()])
         return max(1, int(windows_index.shape[0]))
 
 

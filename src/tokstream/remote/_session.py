@@ -106,10 +106,16 @@ class Session:
 
     # ------------------------------------------------------------------ fetching
 
-    def fetch(self, requests: Iterable[Request]) -> None:
+    def fetch(
+        self, requests: Iterable[Request], after: Sequence[concurrent.futures.Future[None]] = ()
+    ) -> list[concurrent.futures.Future[None]]:
         """Start fetching every range not yet present or under way, for a batch that will
-        :meth:`ensure` them later; returns at once."""
-        self._schedule(requests, ahead=1)
+        :meth:`ensure` them later; returns at once, with the futures the ranges wait on.
+
+        With ``after``, the new requests are sent once those futures are done (a batch being
+        waited for first: the store serves its last requests without these beside them).
+        """
+        return self._schedule(requests, ahead=1, after=after)
 
     def ensure(self, requests: Sequence[Request]) -> Pin:
         """Return once the bytes of every range are in memory, with the pin that keeps them
@@ -156,7 +162,10 @@ class Session:
                 raise error
 
     def _schedule(
-        self, requests: Iterable[Request], ahead: int
+        self,
+        requests: Iterable[Request],
+        ahead: int,
+        after: Sequence[concurrent.futures.Future[None]] = (),
     ) -> list[concurrent.futures.Future[None]]:
         """The futures the requested ranges wait on, after scheduling those not under way;
         ``ahead`` (1 or 0): whether the request is a look-ahead's, counted in ``_pending``."""
@@ -186,7 +195,8 @@ class Session:
                     scheduled[key] = [pin, ahead]
                     spans.append((obj, *span))
         if spans:
-            future = self._loop.submit(self._fetch_all(coalesce(spans)))
+            before = [f for f in after if not f.done()]
+            future = self._loop.submit(self._fetch_all(coalesce(spans), before))
             with self._lock:
                 if len(self._pending) > _MAX_PENDING:
                     kept = {k: e for k, e in self._pending.items() if not e[0].done()}
@@ -202,7 +212,16 @@ class Session:
             pin.release()
         return list(waits.values())
 
-    async def _fetch_all(self, ranges: list[Request]) -> None:
+    async def _fetch_all(
+        self, ranges: list[Request], after: Sequence[concurrent.futures.Future[None]] = ()
+    ) -> None:
+        if after:  # done or failed alike: these requests wait for them, not on their results
+            waited = [asyncio.wrap_future(f) for f in after]
+            for future in waited:
+                # Their failures are their own batch's to raise: taken here, so that no
+                # "exception never retrieved" is logged from wherever the copies are collected.
+                future.add_done_callback(_taken)
+            await asyncio.wait(waited)
         results = await asyncio.gather(
             *(self._fetch_one(*request) for request in ranges), return_exceptions=True
         )
@@ -234,6 +253,11 @@ class Session:
             self._semaphores.clear()
             for client in self._clients.values():
                 client.close()
+
+
+def _taken(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _failed(future: concurrent.futures.Future[None]) -> bool:
