@@ -206,6 +206,12 @@ def main() -> int:
     documents = gather_text(args.megabytes)
     text_bytes = sum(len(d.encode()) for d in documents)
     rows = []
+
+    def add(row: tuple) -> None:
+        """Keep ``row`` for the table; show it on stderr now (a long run on a busy host)."""
+        rows.append(row)
+        print(cells(row), file=sys.stderr, flush=True)
+
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
         corpus = scratch / "corpus.jsonl"
@@ -281,14 +287,14 @@ def main() -> int:
                     # The encoder's own rate just before each run: a shared machine's load
                     # drifts, so each ratio compares figures taken a few seconds apart.
                     single, single_cpu, tokens = encoder_rate(encoder, batches)
-                    rows.append(
+                    add(
                         (label, "encode_batch", 1, text_bytes * single / tokens, single, None, "",
                          "", "", load())
                     )  # fmt: skip
                     at_once = None
                     if workers > 1:
                         at_once, at_once_cpu = encoders_at_once(spec, batches, workers)
-                        rows.append(
+                        add(
                             (label, f"encode_batch x {workers} processes at once", workers,
                              text_bytes * at_once / tokens, at_once, at_once / (workers * single),
                              f"{at_once_cpu / single_cpu:.2f}", "", "", load())
@@ -316,7 +322,7 @@ def main() -> int:
                     if engine != "ray":
                         per_cpu = f"{result.tokens / cpu / single_cpu:.2f}"
                         cores = f"{cpu / elapsed:.2f}"
-                    rows.append(
+                    add(
                         (label, engine, workers, text_bytes / elapsed, rate, ratio, per_cpu,
                          of_at_once, cores, load())
                     )  # fmt: skip
@@ -325,13 +331,19 @@ def main() -> int:
         "| tokens per CPU s / encode_batch's | / encoders at once | cores busy | load 1/5 min |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for label, name, workers, mb, rate, ratio, per_cpu, of_at_once, cores, when in rows:
-        shown = "" if ratio is None else f"{ratio:.2f}"
-        cells = [label, name, workers, f"{mb / 1e6:.2f}", f"{rate / 1e6:.3f}", shown, per_cpu,
-                 of_at_once, cores, when]  # fmt: skip
-        print("| " + " | ".join(map(str, cells)) + " |")
+    for row in rows:
+        print(cells(row))
     print(f"(load average at the end: {load()})")
     return 0
+
+
+def cells(row: tuple) -> str:
+    """One row of the table, as Markdown."""
+    label, name, workers, mb, rate, ratio, per_cpu, of_at_once, cores, when = row
+    shown = "" if ratio is None else f"{ratio:.2f}"
+    values = [label, name, workers, f"{mb / 1e6:.2f}", f"{rate / 1e6:.3f}", shown, per_cpu,
+              of_at_once, cores, when]  # fmt: skip
+    return "| " + " | ".join(map(str, values)) + " |"
 
 
 if __name__ == "__main__":
