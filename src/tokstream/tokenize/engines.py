@@ -52,6 +52,8 @@ REPORT_SECONDS = 0.5
 Entries = Iterator[tuple[tasks.Task, dict[str, Any]]]
 #: Told how far a running task has got: its index, documents, tokens and input bytes so far.
 Reporter = Callable[[int, int, int, int], None]
+#: What a pool's worker puts on the queue: a Reporter's arguments.
+Update = tuple[int, int, int, int]
 #: Runs tasks, yielding each with its shard's entry as made, telling the reporter meanwhile.
 Runner = Callable[[list[tasks.Task], Reporter], Entries]
 
@@ -79,7 +81,7 @@ def start(
             (task, tasks.run(task, encoder, functools.partial(report, task.index))) for task in todo
         )
     context = multiprocessing.get_context("spawn")
-    updates = context.SimpleQueue()
+    updates: multiprocessing.queues.SimpleQueue[Update] = context.SimpleQueue()
     pool = concurrent.futures.ProcessPoolExecutor(
         workers, mp_context=context, initializer=_start_worker, initargs=(encoder.spec, updates)
     )
@@ -93,7 +95,7 @@ def start(
 
 def _pooled(
     pool: concurrent.futures.ProcessPoolExecutor,
-    updates: multiprocessing.queues.SimpleQueue,
+    updates: multiprocessing.queues.SimpleQueue[Update],
     todo: list[tasks.Task],
     workers: int,
     report: Reporter,
@@ -121,10 +123,10 @@ def _pooled(
 
 
 #: In a pool's worker process, the queue its tasks report their progress on.
-_updates: multiprocessing.queues.SimpleQueue | None = None
+_updates: multiprocessing.queues.SimpleQueue[Update] | None = None
 
 
-def _start_worker(tokenizer: str, updates: multiprocessing.queues.SimpleQueue) -> None:
+def _start_worker(tokenizer: str, updates: multiprocessing.queues.SimpleQueue[Update]) -> None:
     """A pool worker's start: the progress queue kept, the tokenizer loaded before any task."""
     global _updates
     _updates = updates
