@@ -89,3 +89,25 @@ def test_nothing_to_advise_is_zero_and_an_empty_array_is_resident():
 def test_a_sample_larger_than_the_batch_checks_each_window_once():
     tokens = np.arange(1000, dtype=np.int64)
     assert advice.advise_at(_addresses(tokens, [1, 2]), 24, 1000) == 0
+
+
+@linux_only
+def test_ranges_of_their_own_lengths_are_advised_each_to_its_end(tmp_path):
+    """A packed row's pieces: ``lengths[i]`` bytes from ``addresses[i]`` (0: nothing)."""
+    tokens = _evicted_map(tmp_path / "tokens.bin", 64 * PAGE)  # 128 pages of uint16
+    tokens_per_page = PAGE // 2
+    # Pieces from pages 2 (three pages long), 30 (one token) and 90 (empty: nothing advised).
+    starts = np.array([2, 30, 90], np.int64) * tokens_per_page
+    lengths = np.array([3 * PAGE, 2, 0], np.int64)
+    assert advice.advise_at(_addresses(tokens, starts), 0, 4, lengths) == 2
+    for page in [2, 3, 4, 30]:
+        view = tokens[page * tokens_per_page : (page + 1) * tokens_per_page]
+        assert _wait_resident(view) == 1.0, page
+    assert advice.resident_fraction(tokens[90 * tokens_per_page : 128 * tokens_per_page]) == 0.0
+    assert advice.resident_fraction(tokens[10 * tokens_per_page : 28 * tokens_per_page]) == 0.0
+
+
+def test_ranges_need_a_length_each():
+    tokens = np.zeros(100, np.uint16)
+    with pytest.raises(ValueError, match="an entry per address"):
+        advice.advise_at(_addresses(tokens, [0, 10]), 0, 0, np.array([4], np.int64))

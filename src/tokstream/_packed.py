@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from tokstream._kernels.advice import advise_at
 from tokstream._options import StreamOptions
 from tokstream._order import WindowOrder
 from tokstream._shardsource import Readable
@@ -192,6 +193,11 @@ class PackedSpace:
                 lengths.append(pieces.lengths * itemsize)
         return np.concatenate(addresses), np.concatenate(lengths)
 
+    def advise(self, windows_index: np.ndarray, sample: int) -> int:
+        """Ask the OS to start reading these rows' pieces, unless a sample of them is in memory
+        (see :func:`advise_pieces`)."""
+        return advise_pieces(self, windows_index, sample)
+
     def token_starts(self, windows_index: np.ndarray) -> np.ndarray:
         """Each row's first token (its first piece's) in the shards laid end to end; -1 for a
         row that holds no piece."""
@@ -269,6 +275,10 @@ class PackedMixtureSpace:
             ]
         return np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found])
 
+    def advise(self, windows_index: np.ndarray, sample: int) -> int:
+        """:meth:`PackedSpace.advise` over the sources."""
+        return advise_pieces(self, windows_index, sample)
+
     def token_starts(self, windows_index: np.ndarray) -> np.ndarray:
         """Each row's first token in the mixture's corpus; -1 for a row of no piece."""
         local, source = np.divmod(windows_index, len(self.sources))
@@ -334,3 +344,15 @@ def _runs(values: np.ndarray) -> list[tuple[int, int]]:
     """``(begin, end)`` of each run of equal consecutive ``values`` (at least one value)."""
     cuts = (np.flatnonzero(values[1:] != values[:-1]) + 1).tolist()
     return list(zip([0, *cuts], [*cuts, values.shape[0]], strict=True))
+
+
+def advise_pieces(
+    space: PackedSpace | PackedMixtureSpace, windows_index: np.ndarray, sample: int
+) -> int:
+    """``madvise(MADV_WILLNEED)`` on the pieces of rows ``windows_index`` where the kernel will
+    copy them from (:func:`tokstream._kernels.advice.advise_at`), the read-ahead's hook
+    (:class:`tokstream._readahead.ReadAhead`). Returns how many pieces were advised: 0 when the
+    sampled pieces were all resident, or none has an address yet (shards read on demand, which
+    a batch maps for its own pieces only)."""
+    addresses, lengths = space.piece_addresses(windows_index)
+    return advise_at(addresses, 0, sample, lengths)

@@ -144,17 +144,15 @@ def read_ahead(
 ) -> ReadAhead | None:
     """A stream's read-ahead, or None.
 
-    Random windows of a memory-mapped corpus are read ahead; sequential ones are left to the
-    OS's own read-ahead (``MADV_SEQUENTIAL``), arrays in RAM need none. Every window (or packed
-    row's pieces) of a remote corpus is fetched ahead (``residency``, :mod:`tokstream.remote`).
-    Packed rows of local files are not read ahead.
+    Random windows of a memory-mapped corpus are read ahead, and so are the pieces of shuffled
+    packed rows (documents in a random order); sequential ones are left to the OS's own
+    read-ahead (``MADV_SEQUENTIAL``), arrays in RAM need none. Every window (or packed row's
+    pieces) of a remote corpus is fetched ahead (``residency``, :mod:`tokstream.remote`).
     """
     if residency is not None:
         ahead = ReadAhead(order, residency.advisor(space), options.batch_size)  # type: ignore[arg-type]
         ahead.depth = max(1, -(-residency.windows_ahead // options.batch_size))
         return ahead
-    if options.windows == "packed":
-        return None
     # A manifest's files are maps even before the first is made (ShardSource.maps_files).
     corpus = space.corpus
     mapped = next(corpus.memory_maps(), None) or getattr(corpus.source, "maps_files", False)

@@ -99,38 +99,61 @@ AVAILABLE = bool(TOKSTREAM_READAHEAD)
 cdef size_t _PAGE = tokstream_page_size()
 
 
-def advise_at(const uint64_t[::1] addresses, Py_ssize_t window_bytes, Py_ssize_t sample):
-    """Start reading the ``window_bytes`` bytes from each of ``addresses``, unless resident.
+def advise_at(
+    const uint64_t[::1] addresses,
+    Py_ssize_t window_bytes,
+    Py_ssize_t sample,
+    const int64_t[::1] lengths=None,
+):
+    """Start reading the ``window_bytes`` bytes from each of ``addresses`` (or, given
+    ``lengths``, the ``lengths[i]`` bytes from ``addresses[i]``: a packed row's pieces), unless
+    resident.
 
     ``addresses`` are the windows' first tokens as the gather finds them
-    (:func:`tokstream._kernels.gather.lookup_windows`), in any shards. First ``sample`` windows
-    spread evenly over them are checked with ``mincore``: if the first page of each is resident,
-    the batch is taken to be in memory and nothing is advised (return 0). Otherwise every
-    window's pages get ``MADV_WILLNEED`` and the number of windows the OS accepted the advice
-    for is returned. ``sample=0`` advises without checking.
+    (:func:`tokstream._kernels.gather.lookup_windows`), or the pieces' as the packed-row kernel
+    reads them, in any shards. First ``sample`` of them spread evenly are checked with
+    ``mincore``: if the first page of each (and a range's last) is resident, the batch is
+    taken to be in memory and
+    nothing is advised (return 0). Otherwise every range's pages get ``MADV_WILLNEED`` and the
+    number of ranges the OS accepted the advice for is returned. ``sample=0`` advises without
+    checking.
 
     Nothing is read or written at these addresses: they are only handed to the OS, which rejects
-    any outside a mapping. The caller still passes windows of the corpus (looked-up windows and
-    their ``block + 1`` tokens) so that the advice lands on it.
+    any outside a mapping. The caller still passes ranges of the corpus (looked-up windows and
+    their ``block + 1`` tokens, or pieces) so that the advice lands on it; ``lengths`` has an
+    entry per address.
     """
     cdef Py_ssize_t count = addresses.shape[0]
     cdef Py_ssize_t checks = min(sample, count)
     cdef Py_ssize_t i, advised = 0
     cdef bint cold = checks <= 0
-    if count == 0 or window_bytes <= 0 or not TOKSTREAM_READAHEAD:
+    cdef bint per_range = lengths is not None
+    if count == 0 or not TOKSTREAM_READAHEAD or (window_bytes <= 0 and not per_range):
         return 0
+    if per_range and lengths.shape[0] != count:
+        raise ValueError("advise_at: lengths must have an entry per address")
+    cdef Py_ssize_t k
     with nogil:
         for i in range(checks):
             # i * count // checks < count: an index of addresses.
-            if not tokstream_resident(
-                <const void *><size_t>addresses[i * count // checks], _PAGE
+            k = i * count // checks
+            # A range's first page, and its last: a piece often begins on a page its
+            # document's previous piece brought in.
+            if not tokstream_resident(<const void *><size_t>addresses[k], _PAGE) or (
+                per_range and lengths[k] > 0 and not tokstream_resident(
+                    <const void *>(<size_t>addresses[k] + <size_t>lengths[k] - 1), _PAGE
+                )
             ):
                 cold = True
                 break
         if cold:
             for i in range(count):
+                if per_range and lengths[i] <= 0:
+                    continue
                 advised += tokstream_willneed(
-                    <const void *><size_t>addresses[i], <size_t>window_bytes, _PAGE
+                    <const void *><size_t>addresses[i],
+                    <size_t>lengths[i] if per_range else <size_t>window_bytes,
+                    _PAGE,
                 )
     return advised
 
