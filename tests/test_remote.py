@@ -142,3 +142,14 @@ def test_a_cache_directory_serves_a_later_run_without_fetching(shards, tmp_path)
     got = list(tokstream.stream_token_source(again, 32, 64, seed=4, epochs=1))
     assert all(np.array_equal(a[1], b[1]) for a, b in zip(got, expected, strict=True))
     assert session_of(again).bytes_fetched == 0
+
+
+@needs_obstore
+def test_an_empty_object_opens_as_the_same_empty_file_does(s3_bucket, tmp_path):
+    (tmp_path / "a_empty.bin").write_bytes(b"")
+    tokstream.write_tokens(tmp_path / "b_full.bin", np.arange(100, dtype=np.uint16), "bin")
+    s3_bucket.upload(tmp_path, prefix="raw")
+    spec = ["a_empty.bin", "b_full.bin"]
+    local = tokstream.open_tokens([str(tmp_path / name) for name in spec], dtype="uint16")
+    far = tokstream.open_tokens([s3_bucket.url(f"raw/{name}") for name in spec], dtype="uint16")
+    assert np.array_equal(far.lengths, local.lengths) and far.lengths.tolist() == [0, 100]
