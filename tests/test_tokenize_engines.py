@@ -113,6 +113,30 @@ def test_the_local_engine_gives_the_same_bytes_for_any_number_of_workers(
         assert hashes(out) == local_hashes
 
 
+def test_an_engine_keeps_at_most_its_limit_of_tasks_submitted_however_often_it_wakes():
+    """The engines wake every half second to pass progress on: a wake-up with ``limit`` tasks
+    running submits none (Ray would run them all at once, past ``workers``)."""
+    waiting = iter(range(10))
+    running: dict = {}
+    submitted = []
+
+    def submit(task):
+        submitted.append(task)
+        return f"handle {task}"
+
+    for _ in range(3):
+        engines.fill(running, waiting, 2, submit)
+    assert submitted == [0, 1] and running == {"handle 0": 0, "handle 1": 1}
+    del running["handle 0"]  # one done
+    for _ in range(3):
+        engines.fill(running, waiting, 2, submit)
+    assert submitted == [0, 1, 2] and len(running) == 2
+    for handle in list(running):
+        del running[handle]
+        engines.fill(running, waiting, 2, submit)
+    assert submitted == [0, 1, 2, 3, 4]
+
+
 def test_the_local_pool_starts_every_worker_before_the_first_task(tokenizer_file):
     """Its workers import tokstream and load the tokenizer while the job plans, not after."""
     before = set(multiprocessing.active_children())

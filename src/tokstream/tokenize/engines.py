@@ -105,10 +105,7 @@ def _pooled(
     waiting = iter(todo)
     running: dict[concurrent.futures.Future[dict[str, Any]], tasks.Task] = {}
     while True:
-        for task in waiting:
-            running[pool.submit(_run_in_worker, task)] = task
-            if len(running) >= 2 * workers:
-                break
+        fill(running, waiting, 2 * workers, lambda task: pool.submit(_run_in_worker, task))
         if not running:
             return
         done, _ = concurrent.futures.wait(
@@ -120,6 +117,21 @@ def _pooled(
             report(*updates.get())
         for future in done:
             yield running.pop(future), future.result()
+
+
+def fill(
+    running: dict[Any, tasks.Task],
+    waiting: Iterator[tasks.Task],
+    limit: int,
+    submit: Callable[[tasks.Task], Any],
+) -> None:
+    """Submit tasks from ``waiting`` until ``limit`` are running (``running`` maps each one's
+    handle to it); called again on every wake-up, it submits nothing while ``limit`` run."""
+    while len(running) < limit:
+        task = next(waiting, None)
+        if task is None:
+            return
+        running[submit(task)] = task
 
 
 #: In a pool's worker process, the queue its tasks report their progress on.
@@ -199,10 +211,7 @@ def _ray_runner(stack: contextlib.ExitStack, workers: int, address: str | None) 
         last_shard = time.monotonic()
         try:
             while True:
-                for task in waiting:
-                    running[remote.remote(task, tally)] = task
-                    if len(running) >= workers:
-                        break
+                fill(running, waiting, workers, lambda task: remote.remote(task, tally))
                 if not running:
                     return
                 done, _ = ray.wait(list(running), num_returns=1, timeout=REPORT_SECONDS)
