@@ -144,7 +144,8 @@ class RemoteManifestShards(ManifestShards):
     def _read_sidecar(self, sidecar: Any) -> np.ndarray:
         root, key = split_url(sidecar)
         data = self.session.run(read_whole(self.session, self.session.client(root), key))
-        return np.load(io.BytesIO(data), allow_pickle=False)
+        sidecar_array: np.ndarray = np.load(io.BytesIO(data), allow_pickle=False)
+        return sidecar_array
 
     def _open(self, index: int) -> np.ndarray:
         """Open shard ``index`` from its first bytes and check it against its entry."""
@@ -156,7 +157,8 @@ class RemoteManifestShards(ManifestShards):
                 f"{where}: {format!r} files are not read from object storage (the manifest "
                 f"{self.path})"
             )
-        shard, offset = self.session.run(self._fetch(index, url, format))
+        # file() gives the shard's Url here: the manifest was opened at one
+        shard, offset = self.session.run(self._fetch(index, url, format))  # type: ignore[arg-type]
         tokens = self._checked(index, shard, offset, where)
         obj = remote_tokens_of(shard.tokens)
         if obj is not None:

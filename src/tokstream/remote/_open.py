@@ -96,7 +96,8 @@ def open_remote(
         return [shard for shards in opened for shard in shards]
 
     try:
-        return session.run(everything())
+        result: list[Shard] | Listed = session.run(everything())
+        return result
     finally:
         # Opening leaves no thread or connection behind; the first fetch starts them again.
         session.close()

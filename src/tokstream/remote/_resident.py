@@ -124,7 +124,7 @@ class Residency:
     def fetch(self, requests: list[Request], after: Futures = ()) -> Futures:
         """Start fetching these ranges, once the futures ``after`` are done; returns at once,
         with the futures the ranges wait on."""
-        futures: Futures = []
+        futures: list[concurrent.futures.Future[None]] = []
         for session in self._sessions:
             mine = [r for r in requests if r[0].session is session]
             if mine:
