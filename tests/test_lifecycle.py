@@ -188,6 +188,9 @@ MAX_BATCHES_BEFORE_THE_SIGNAL = 1_000_000
 
 
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs POSIX interval timers")
+# An interrupt that lands inside a weakref callback (WeakSet._remove) is one Python itself
+# reports as ignored and never raises: not the stream's, and the test's claim holds after it.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_thousands_of_interrupts_anywhere_in_a_prefetching_next_never_break_the_stream():
     # queue.Queue's Condition, interrupted between acquiring its lock and entering the with
     # block (or while waiting), left the lock held: the next next() and the prefetch thread
