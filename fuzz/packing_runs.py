@@ -159,8 +159,9 @@ def _check_reshaped(source, kwargs, shapes, epochs, per_epoch) -> None:
             assert merged == want, f"shape {index} ({world}, {batch_size}), epoch {epoch}"
             position += rows * world
             taken += 1
-            # A cursor that reaches the shape's last full round of the epoch starts the next.
-            if position >= per_epoch // world * world:
+            # A cursor with no round of ``world`` rows left in the epoch starts the next (from a
+            # position not a multiple of ``world``, resumed from another shape, too).
+            if (per_epoch - position) // world == 0:
                 epoch, position = epoch + 1, 0
         state = json.loads(json.dumps(streams[0].state_dict()))
         for stream in streams:
