@@ -10,9 +10,11 @@ proves every index in range.
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
-from tokstream._kernels.copy cimport copy_window, prefetch_window
+from tokstream._kernels.copy cimport (
+    copy_window, prefetch_window, ramp_run, tokstream_fill_int32
+)
 from tokstream._kernels.types cimport out_t, token_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memset
 
 cdef extern from "portable.h":
     int64_t tokstream_first_equal64(
@@ -52,41 +54,6 @@ cdef inline Py_ssize_t _first_above(
         base = base + half if sorted_values[base + half] <= value else base
         size -= half
     return base + (sorted_values[base] <= value)
-
-
-# 0, 1, 2, ... in each output dtype: a piece's position ids are copied from here by memcpy,
-# which stores 32 or 64 bytes at a time where the CPU can (AVX2, AVX-512); the compiler's
-# baseline x86-64 loop stores 16.
-cdef enum:
-    RAMP_LENGTH = 4096
-cdef int64_t _RAMP64[RAMP_LENGTH]
-cdef int32_t _RAMP32[RAMP_LENGTH]
-
-
-cdef void _fill_ramps() noexcept:
-    cdef Py_ssize_t j
-    for j in range(RAMP_LENGTH):
-        _RAMP64[j] = j
-        _RAMP32[j] = <int32_t>j
-
-
-_fill_ramps()
-
-
-cdef inline void _ramp(out_t *out, Py_ssize_t length) noexcept nogil:
-    # 0, 1, 2, ..., length - 1 (length <= block, which fits out_t: StreamOptions' rule).
-    cdef Py_ssize_t j
-    cdef const void *ramp
-    if out_t is int32_t:
-        ramp = <const void *>_RAMP32
-    else:
-        ramp = <const void *>_RAMP64
-    if length <= RAMP_LENGTH:
-        memcpy(out, ramp, length * sizeof(out_t))
-        return
-    memcpy(out, ramp, RAMP_LENGTH * sizeof(out_t))
-    for j in range(RAMP_LENGTH, length):
-        out[j] = <out_t>j
 
 
 cdef inline int64_t _first_equal(
@@ -170,7 +137,7 @@ def gather_documents(
     cdef bint write_ids = document_ids is not None
     cdef int32_t piece_index
     cdef int32_t *ids
-    cdef Py_ssize_t i, j, next_document, piece, end, next_piece, limit, found
+    cdef Py_ssize_t i, next_document, piece, end, next_piece, limit, found
     cdef Py_ssize_t next_eos = 0, last_eos = -1
     # 16-bit tokens are searched for eos in the copy loop, compared in their own dtype (an eos
     # it cannot hold is left to the copied row's search, which finds nothing).
@@ -257,14 +224,14 @@ def gather_documents(
                 if TOKSTREAM_DEBUG and not piece < end <= block:
                     with gil:
                         raise IndexError(f"piece [{piece}, {end}) of row {i} is not in it")
+                # piece < end <= block: the row's columns (checked above in debug builds); the
+                # position ids count from 0 in the piece (end - piece <= block fits out_t).
                 if write_positions:
-                    _ramp(out + piece, end - piece)
+                    ramp_run(out + piece, end - piece)
                 if per_label:
                     memset(continues + piece, 1, end - piece)
                 if write_ids:
-                    # piece < end <= block: the row's columns (checked above in debug builds).
-                    for j in range(piece, end):
-                        ids[j] = piece_index
+                    tokstream_fill_int32(ids + piece, end - piece, piece_index)
                 if next_piece > block:
                     break
                 # A document starts at token start + next_piece.
