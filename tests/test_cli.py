@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokstream import _progress, cli
+from tokstream import _progress, cli, writing
 from tokstream.bench import baselines
 
 # A corpus and shapes small enough that a whole bench run takes a fraction of a second.
@@ -335,10 +335,9 @@ def test_bench_file_that_does_not_exist_exits_1(tmp_path):
 
 
 def test_bench_on_a_token_file(tmp_path):
-    from tokstream import files
 
     path = tmp_path / "tokens.npy"
-    files.write_tokens(path, np.arange(3000, dtype=np.uint16) % 50257, format="npy")
+    writing.write_tokens(path, np.arange(3000, dtype=np.uint16) % 50257, format="npy")
     code, out, err = run(
         "bench",
         "--file",
@@ -367,15 +366,14 @@ def test_bench_on_a_token_file(tmp_path):
 @pytest.fixture
 def token_files(tmp_path):
     """The same ids (below 50257) as .npy int64, raw uint16 .bin and an llm.c shard."""
-    from tokstream import files
 
     ids = np.random.default_rng(1).integers(0, 50257, 5000)
     ids[10], ids[20] = 3, 50256  # the extremes, known exactly
     ids[ids < 3] = 3
     paths = {
-        "npy": files.write_tokens(tmp_path / "ids.npy", ids, format="npy", dtype="int64"),
-        "bin": files.write_tokens(tmp_path / "ids.bin", ids, format="bin", dtype="uint16"),
-        "llmc": files.write_tokens(tmp_path / "shard.bin", ids, format="llmc"),
+        "npy": writing.write_tokens(tmp_path / "ids.npy", ids, format="npy", dtype="int64"),
+        "bin": writing.write_tokens(tmp_path / "ids.bin", ids, format="bin", dtype="uint16"),
+        "llmc": writing.write_tokens(tmp_path / "shard.bin", ids, format="llmc"),
     }
     return ids, paths
 
@@ -430,10 +428,9 @@ def test_inspect_json_and_raw_dtype(tmp_path, token_files):
 
 
 def test_inspect_expands_a_quoted_pattern_in_sorted_order(tmp_path):
-    from tokstream import files
 
     for i in (2, 0, 1):
-        files.write_tokens(tmp_path / f"part_{i}.npy", np.arange(10 + i), format="npy")
+        writing.write_tokens(tmp_path / f"part_{i}.npy", np.arange(10 + i), format="npy")
     code, out, err = run("inspect", str(tmp_path / "part_*.npy"), "--json", "--block", "4")
     assert code == 0, err
     report = json.loads(out)
@@ -442,9 +439,8 @@ def test_inspect_expands_a_quoted_pattern_in_sorted_order(tmp_path):
 
 
 def test_inspect_an_empty_file(tmp_path):
-    from tokstream import files
 
-    path = files.write_tokens(tmp_path / "empty.npy", np.array([], dtype=np.int64), format="npy")
+    path = writing.write_tokens(tmp_path / "empty.npy", np.array([], dtype=np.int64), format="npy")
     code, out, err = run("inspect", str(path), "--json")
     assert code == 0, err
     assert json.loads(out)[0] | {"path": None} == {
@@ -484,7 +480,7 @@ def test_inspect_and_open_tokens_expand_a_pattern_alike(tmp_path):
     from tokstream import files
 
     for name in ("a[1].npy", "a1.npy", "b.npy"):
-        files.write_tokens(tmp_path / name, np.arange(10), format="npy")
+        writing.write_tokens(tmp_path / name, np.arange(10), format="npy")
     for pattern in ("a[1].npy", "a*.npy", "?.npy"):
         code, out, err = run("inspect", str(tmp_path / pattern), "--json")
         assert code == 0, err
@@ -498,7 +494,7 @@ def test_cli_dtype_options_follow_the_integer_dtype_rule_of_open_tokens(tmp_path
     """One integer-dtype rule: what ``open_tokens`` rejects, ``--dtype`` rejects too."""
     from tokstream import files
 
-    path = files.write_tokens(tmp_path / "ids.bin", np.arange(64), format="bin", dtype="uint8")
+    path = writing.write_tokens(tmp_path / "ids.bin", np.arange(64), format="bin", dtype="uint8")
     try:
         files.open_tokens(path, dtype=dtype)
     except TypeError:
@@ -565,19 +561,17 @@ def test_convert_round_trips_the_ids(tmp_path, token_files, source, target, extr
 
 
 def test_convert_raw_input_dtype(tmp_path):
-    from tokstream import files
 
     ids = np.array([0, 70000, 5, 2**31 - 1], dtype=np.int64)
-    raw = files.write_tokens(tmp_path / "wide.bin", ids, format="bin", dtype="uint32")
+    raw = writing.write_tokens(tmp_path / "wide.bin", ids, format="bin", dtype="uint32")
     code, _, err = run("convert", str(raw), str(tmp_path / "wide.npy"), "--in-dtype", "uint32")
     assert code == 0, err
     np.testing.assert_array_equal(np.load(tmp_path / "wide.npy"), ids)
 
 
 def test_convert_to_llmc_refuses_ids_beyond_uint32(tmp_path):
-    from tokstream import files
 
-    wide = files.write_tokens(
+    wide = writing.write_tokens(
         tmp_path / "wide.npy", np.array([1, 2**32]), format="npy", dtype="int64"
     )
     code, out, err = run("convert", str(wide), str(tmp_path / "s.bin"), "--format", "llmc")
@@ -589,7 +583,7 @@ def test_convert_to_llmc_refuses_ids_beyond_uint32(tmp_path):
 def test_convert_to_llmc_writes_ids_beyond_uint16_as_a_version_7_shard(tmp_path):
     from tokstream import files
 
-    wide = files.write_tokens(tmp_path / "wide.npy", np.array([1, 70000]), format="npy")
+    wide = writing.write_tokens(tmp_path / "wide.npy", np.array([1, 70000]), format="npy")
     code, out, err = run("convert", str(wide), str(tmp_path / "s.bin"), "--format", "llmc")
     assert code == 0, err
     header = np.fromfile(tmp_path / "s.bin", dtype="<i4", count=3)
@@ -614,12 +608,11 @@ def test_convert_missing_input_exits_1(tmp_path):
 
 def test_convert_shows_progress_on_large_files(tmp_path, token_files, monkeypatch):
     """Progress is shown past PROGRESS_MIN_BYTES; lowered here so a small file counts."""
-    from tokstream import files
 
     _, paths = token_files
     monkeypatch.setattr(_progress, "PROGRESS_MIN_BYTES", 1)
     monkeypatch.setattr(_progress, "PROGRESS_INTERVAL", 0.001)
-    real_write = files.write_tokens
+    real_write = writing.write_tokens
 
     def slow_write(path, ids, format="npy", dtype=None):
         # Let the watcher see the temporary file grow: write it, then pause before the rename.
@@ -635,7 +628,7 @@ def test_convert_shows_progress_on_large_files(tmp_path, token_files, monkeypatc
         finally:
             monkeypatch.setattr(os, "replace", original_replace)
 
-    monkeypatch.setattr(files, "write_tokens", slow_write)
+    monkeypatch.setattr(writing, "write_tokens", slow_write)
     code, _, err = run("convert", str(paths["npy"]), str(tmp_path / "big.bin"))
     assert code == 0, err
     assert "ids.npy -> " in err and "100% (0 of 0 MB" in err
@@ -669,11 +662,10 @@ def test_bench_refuses_sizes_beyond_memory_in_one_line_before_allocating(argv, n
 
 
 def test_bench_file_sizes_are_checked_too(tmp_path, monkeypatch):
-    from tokstream import files
     from tokstream.bench import harness
 
     for i in range(2):
-        files.write_tokens(tmp_path / f"part_{i}.npy", np.arange(1000), format="npy")
+        writing.write_tokens(tmp_path / f"part_{i}.npy", np.arange(1000), format="npy")
     monkeypatch.setattr(harness, "physical_memory", lambda: 10_000)
     code, _, err = run("bench", "--file", str(tmp_path / "part_*.npy"), "--quiet")
     assert code == 1 and f"--file {tmp_path / 'part_*.npy'} needs about" in err
@@ -692,14 +684,13 @@ def torch_or_not(request, monkeypatch):
 def test_a_memory_error_is_one_line_and_exit_1(
     tmp_path, token_files, monkeypatch, command, torch_or_not
 ):
-    from tokstream import files
     from tokstream.bench import harness
 
     def out_of_memory(*args, **kwargs):
         raise MemoryError("Unable to allocate 7.28 TiB for an array")
 
     monkeypatch.setattr(harness, "run_cases", out_of_memory)
-    monkeypatch.setattr(files, "write_tokens", out_of_memory)
+    monkeypatch.setattr(writing, "write_tokens", out_of_memory)
     _, paths = token_files
     argv = TINY if command == "bench" else [str(paths["npy"]), str(tmp_path / "o.npy")]
     code, out, err = run(command, *argv, "--quiet")

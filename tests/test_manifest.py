@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream import _filemap, files, manifest
+from tokstream import _filemap, files, manifest, writing
 from tokstream import _readahead as readahead
 from tokstream.formats import tokenized
 from tokstream.manifest import write_manifest
@@ -50,7 +50,7 @@ def write_tokenize_directory(directory: Path, format: str, shards: list[list[np.
     for index, docs in enumerate(shards):
         corpus = tokstream.Corpus.from_documents(docs)
         name = directory / tokenized.shard_file(index, format)
-        files.write_tokens(name, corpus, format=format, dtype=np.uint16)
+        writing.write_tokens(name, corpus, format=format, dtype=np.uint16)
         if format != "megatron":
             np.save(directory / tokenized.documents_file(index), corpus.document_boundaries)
         entries.append({"tokens": corpus.num_tokens, "documents": len(docs)})
@@ -65,7 +65,7 @@ def make_inputs(tmp_path: Path, kind: str) -> list[str]:
     if kind in ("npy", "bin"):
         for i in range(4):
             ids = rng.integers(0, 50_000, 200 + 37 * i).astype(np.uint16)
-            files.write_tokens(tmp_path / f"s{i}.{kind}", ids, format=kind)
+            writing.write_tokens(tmp_path / f"s{i}.{kind}", ids, format=kind)
         return [str(tmp_path / f"s*.{kind}")]
     if kind in ("llmc1", "llmc7"):
         magic, version, dtype = (20240520, 1, "<u2") if kind == "llmc1" else (20240801, 7, "<u4")
@@ -76,8 +76,8 @@ def make_inputs(tmp_path: Path, kind: str) -> list[str]:
     if kind == "megatron":
         for i in range(3):
             corpus = tokstream.Corpus.from_documents(documents(i, 12))
-            files.write_tokens(tmp_path / f"part{i}", corpus, format="megatron")
-        files.write_tokens(tmp_path / "part3", np.zeros(0, np.uint16), format="megatron")
+            writing.write_tokens(tmp_path / f"part{i}", corpus, format="megatron")
+        writing.write_tokens(tmp_path / "part3", np.zeros(0, np.uint16), format="megatron")
         return [str(tmp_path / "part*.bin")]
     if kind == "arrow":
         pa = pytest.importorskip("pyarrow")
@@ -188,7 +188,7 @@ def test_opening_a_manifest_makes_the_same_few_system_calls_whatever_its_shard_c
 ):
     rng = np.random.default_rng(0)
     for i in range(shards):
-        files.write_tokens(tmp_path / f"s{i:05d}.npy", rng.integers(0, 9, 40).astype(np.uint16))
+        writing.write_tokens(tmp_path / f"s{i:05d}.npy", rng.integers(0, 9, 40).astype(np.uint16))
     write_manifest(str(tmp_path / "s*.npy"), tmp_path / "manifest.json")
     counter = CallCounter(monkeypatch)
     corpus = files.open_tokens(tmp_path / "manifest.json")
@@ -221,7 +221,7 @@ def test_opening_a_manifest_makes_the_same_few_system_calls_whatever_its_shard_c
 def test_at_most_max_open_maps_stay_open_and_the_batches_are_those_of_a_glob(tmp_path, options):
     rng = np.random.default_rng(1)
     for i in range(40):
-        files.write_tokens(tmp_path / f"s{i:03d}.npy", rng.integers(0, 99, 30).astype(np.uint16))
+        writing.write_tokens(tmp_path / f"s{i:03d}.npy", rng.integers(0, 99, 30).astype(np.uint16))
     write_manifest(str(tmp_path / "s*.npy"), tmp_path / "manifest.json")
     corpus = files.open_tokens(tmp_path / "manifest.json", max_open_maps=3)
     globbed = files.open_tokens(str(tmp_path / "s*.npy"))
@@ -244,7 +244,7 @@ def test_streams_in_threads_over_one_manifest_corpus_with_few_maps_read_the_righ
 ):
     rng = np.random.default_rng(2)
     for i in range(30):
-        files.write_tokens(tmp_path / f"s{i:03d}.npy", rng.integers(0, 99, 50).astype(np.uint16))
+        writing.write_tokens(tmp_path / f"s{i:03d}.npy", rng.integers(0, 99, 50).astype(np.uint16))
     write_manifest(str(tmp_path / "s*.npy"), tmp_path / "manifest.json")
     corpus = files.open_tokens(tmp_path / "manifest.json", max_open_maps=2)
     expected = list(tokstream.TokenStream(files.open_tokens(str(tmp_path / "s*.npy")), 8, 6))
@@ -338,7 +338,7 @@ def test_a_file_replaced_after_the_manifest_was_written_is_refused(tmp_path):
     make_inputs(tmp_path, "megatron")
     path = write_manifest(str(tmp_path / "part*.bin"), tmp_path / "manifest.json")
     corpus = tokstream.Corpus.from_documents(documents(0, 12)[::-1])
-    files.write_tokens(tmp_path / "part0", corpus, format="megatron")
+    writing.write_tokens(tmp_path / "part0", corpus, format="megatron")
     with pytest.raises(ValueError, match="part0.bin: its documents are not those"):
         files.open_tokens(path).shards[0]
 
@@ -445,7 +445,7 @@ def test_max_open_maps_without_a_manifest_is_a_value_error(tmp_path):
 
 def test_write_manifest_refuses_bad_outputs_and_mixed_dtypes_writing_nothing(tmp_path):
     make_inputs(tmp_path, "npy")
-    files.write_tokens(tmp_path / "wide.npy", np.arange(10), dtype=np.uint32)
+    writing.write_tokens(tmp_path / "wide.npy", np.arange(10), dtype=np.uint32)
     with pytest.raises(ValueError, match="must name a .json file"):
         write_manifest(str(tmp_path / "s*.npy"), tmp_path / "manifest.txt")
     with pytest.raises(ValueError, match="mix token dtypes"):
@@ -514,7 +514,7 @@ def test_a_failing_manifest_command_is_one_line_exit_1_and_writes_nothing(
     tmp_path, monkeypatch, argv, message
 ):
     make_inputs(tmp_path, "npy")
-    files.write_tokens(tmp_path / "wide.npy", np.arange(10), dtype=np.uint32)
+    writing.write_tokens(tmp_path / "wide.npy", np.arange(10), dtype=np.uint32)
     monkeypatch.chdir(tmp_path)
     code, out, err = run_cli("manifest", *argv, "--output", "toc/manifest.json")
     assert (code, out) == (1, "")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream import files
+from tokstream import files, writing
 from tokstream.manifest import write_manifest
 
 pytestmark = pytest.mark.skipif(
@@ -32,7 +32,7 @@ def write_shards(directory: Path, count: int, tokens: int) -> list[np.ndarray]:
     rng = np.random.default_rng(count)
     shards = [rng.integers(0, 999, tokens).astype(np.uint16) for _ in range(count)]
     for i, shard in enumerate(shards):
-        files.write_tokens(directory / f"s{i:03d}.npy", shard)
+        writing.write_tokens(directory / f"s{i:03d}.npy", shard)
     write_manifest(str(directory / "s*.npy"), directory / "manifest.json")
     return shards
 

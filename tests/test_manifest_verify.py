@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream import files, manifest
+from tokstream import files, manifest, writing
 from tokstream.cli import main
 from tokstream.manifest import verify_manifest, write_manifest
 
@@ -114,7 +114,7 @@ def test_changed_documents_are_named_with_the_file_holding_them(tmp_path):
     corpus = tokstream.Corpus.from_documents(
         [np.concatenate([d for d in files.open_tokens(tmp_path / "part1.bin").shards])]
     )
-    files.write_tokens(tmp_path / "part1", corpus, format="megatron")
+    writing.write_tokens(tmp_path / "part1", corpus, format="megatron")
     (problem,) = verify_manifest(written)
     assert problem.startswith(f"token file {tmp_path / 'part1.bin'}: ")
 

@@ -17,10 +17,11 @@ except ImportError as exc:  # pragma: no cover - exercised only by a broken inst
     ) from exc
 
 from tokstream.corpus import Corpus
-from tokstream.files import open_tokens, write_tokens
+from tokstream.files import open_tokens
 from tokstream.mixture import Mixture, mix
 from tokstream.split import split
 from tokstream.stream import TokenStream, stream_token_source
+from tokstream.writing import write_tokens
 
 __all__ = [
     "Corpus",

@@ -8,7 +8,7 @@ from typing import TextIO
 
 import numpy as np
 
-from tokstream import _progress, files
+from tokstream import _progress, files, writing
 from tokstream.cli._common import CommandError, UsageError, dtype_name
 
 
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     corpus = files.open_tokens(
         args.input, dtype=args.in_dtype, format=args.in_format, column=args.column
     )
-    dtype = args.dtype if args.dtype is not None else files.kept_dtype(corpus.dtype, out_format)
+    dtype = args.dtype if args.dtype is not None else writing.kept_dtype(corpus.dtype, out_format)
     itemsize = corpus.dtype.itemsize if dtype is None else np.dtype(dtype).itemsize
     expected = files.FORMAT_TABLE[out_format].header_bytes + corpus.num_tokens * itemsize
     progress = _progress.Progress(None if args.quiet else stderr)
@@ -83,9 +83,9 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     target = Path(args.output)
     if expected >= _progress.PROGRESS_MIN_BYTES:
         with _progress.WriteWatcher(target, expected, progress, label):
-            written_path = files.write_tokens(target, corpus, format=out_format, dtype=dtype)
+            written_path = writing.write_tokens(target, corpus, format=out_format, dtype=dtype)
     else:
-        written_path = files.write_tokens(target, corpus, format=out_format, dtype=dtype)
+        written_path = writing.write_tokens(target, corpus, format=out_format, dtype=dtype)
     progress.done()
     written = files.open_tokens(written_path, dtype=dtype if out_format == "bin" else None)
     in_format = files.detect_format(args.input) if args.in_format is None else args.in_format

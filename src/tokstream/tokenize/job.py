@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokstream import _validate, files
+from tokstream import _validate, writing
 from tokstream.formats.writer import STREAMED
 from tokstream.tokenize import engines, task
 from tokstream.tokenize.encoders import Encoder
@@ -137,7 +137,7 @@ def tokenize_files(
     encoder = Encoder(tokenizer)
     eos_id = encoder.eos_id(eos)
     try:
-        dtype = files.stored_dtype(0, encoder.max_id, format, dtype)
+        dtype = writing.stored_dtype(0, encoder.max_id, format, dtype)
     except ValueError as exc:
         raise ValueError(f"tokenizer {tokenizer}: {exc}") from None
     output = Path(output)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tokstream import files
+from tokstream import writing
 from tokstream.formats import tokenized
 from tokstream.formats.writer import TokenFileWriter
 from tokstream.tokenize.encoders import Encoder
@@ -138,7 +138,7 @@ def run(task: Task, encoder: Encoder | None = None, report: Report | None = None
             np.cumsum(np.concatenate(lengths), out=offsets[1:])
         writer.document_offsets = offsets
     if task.format != "megatron":
-        files.write_tokens(
+        writing.write_tokens(
             directory / tokenized.documents_file(task.index), offsets, format="npy", dtype=np.int64
         )
     return {
