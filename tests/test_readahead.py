@@ -37,6 +37,18 @@ def evicted_corpus(*paths) -> Corpus:
     return corpus
 
 
+def windows_come_resident(shard: np.ndarray, starts: np.ndarray, block: int) -> bool:
+    """Whether every window starting at ``starts`` is in memory within 10 s (read ahead)."""
+
+    def all_resident() -> bool:
+        return all(resident_fraction(shard[s : s + block + 1]) == 1.0 for s in starts)
+
+    deadline = time.monotonic() + 10
+    while not all_resident() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return all_resident()
+
+
 @linux_only
 @pytest.mark.parametrize("permutation", ["implicit", "materialized"])
 @pytest.mark.parametrize(
@@ -109,14 +121,7 @@ def test_the_next_batches_pages_are_read_before_they_are_gathered(tmp_path):
     next(in_ram)
     upcoming = np.concatenate([next(in_ram)[0][:, 0] for _ in range(WINDOWS_AHEAD // batch_size)])
     shard = corpus.shards[0]
-
-    def all_resident() -> bool:
-        return all(resident_fraction(shard[s : s + block + 1]) == 1.0 for s in upcoming)
-
-    deadline = time.monotonic() + 10
-    while not all_resident() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert all_resident()  # every window read ahead is in memory, none of them touched
+    assert windows_come_resident(shard, upcoming, block)  # read ahead, none of them touched
     assert resident_fraction(shard) < 0.5  # and not the whole file
 
 
@@ -136,14 +141,7 @@ def test_the_next_epochs_first_batches_are_read_ahead_before_the_epoch_ends(tmp_
     next(stream)  # the first epoch's last batch
     upcoming = np.concatenate([next(in_ram)[0][:, 0] for _ in range(WINDOWS_AHEAD // batch_size)])
     shard = corpus.shards[0]
-
-    def all_resident() -> bool:
-        return all(resident_fraction(shard[s : s + block + 1]) == 1.0 for s in upcoming)
-
-    deadline = time.monotonic() + 10
-    while not all_resident() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert all_resident()  # the second epoch's windows, read ahead, none of them touched
+    assert windows_come_resident(shard, upcoming, block)  # the second epoch's, none touched
     assert resident_fraction(shard) < 0.5
 
 
