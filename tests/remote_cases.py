@@ -109,6 +109,16 @@ WRITERS: dict[str, Callable[[Path, list[np.ndarray]], str]] = {
 }
 
 
+def uploaded_npy(bucket: Any, directory: Path, docs: list[np.ndarray]) -> tuple[Path, str]:
+    """``docs`` written as npy shards under ``directory/data`` and uploaded to ``bucket``:
+    the local spec (a path or pattern) and the same spec's URL."""
+    data = directory / "data"
+    data.mkdir()
+    spec = WRITERS["npy"](data, docs)
+    bucket.upload(data, prefix="npy")
+    return data / spec, bucket.url(f"npy/{spec}")
+
+
 def as_list(batches: Iterable[Any]) -> list[Any]:
     """Every batch, copied (a stream that reuses buffers overwrites the last one)."""
 

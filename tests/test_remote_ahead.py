@@ -16,12 +16,12 @@ import pytest
 import tokstream
 from tests.remote_cases import (
     EOS,
-    WRITERS,
     as_list,
     assert_same,
     documents,
     open_remote,
     require_remote,
+    uploaded_npy,
 )
 from tokstream.remote._memory import remote_tokens_of
 from tokstream.remote._session import coalesce
@@ -35,13 +35,8 @@ REFUSE = [{"action": "status", "status": 403, "ranged": True}]
 @pytest.fixture
 def files(proxied_bucket, tmp_path):
     """(local corpus, remote corpus) of the same npy shards, reached through the proxy."""
-    data = tmp_path / "data"
-    data.mkdir()
-    spec = WRITERS["npy"](data, DOCS)
-    proxied_bucket.upload(data, prefix="npy")
-    return tokstream.open_tokens(str(data / spec)), open_remote(
-        proxied_bucket.url(f"npy/{spec}"), deadline=5.0
-    )
+    local, url = uploaded_npy(proxied_bucket, tmp_path, DOCS)
+    return tokstream.open_tokens(str(local)), open_remote(url, deadline=5.0)
 
 
 def session_of(corpus):

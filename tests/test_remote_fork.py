@@ -20,7 +20,13 @@ import textwrap
 import pytest
 
 import tokstream
-from tests.remote_cases import WRITERS, assert_same, documents, require_remote, stream_batches
+from tests.remote_cases import (
+    assert_same,
+    documents,
+    require_remote,
+    stream_batches,
+    uploaded_npy,
+)
 
 remote = require_remote()
 
@@ -33,12 +39,8 @@ HANG = 60
 @pytest.fixture
 def pair(s3_bucket, tmp_path):
     """(local corpus, remote corpus, its URL) of the same npy shards."""
-    data = tmp_path / "data"
-    data.mkdir()
-    spec = WRITERS["npy"](data, DOCS)
-    s3_bucket.upload(data, prefix="npy")
-    url = s3_bucket.url(f"npy/{spec}")
-    return tokstream.open_tokens(str(data / spec)), tokstream.open_tokens(url), url
+    local, url = uploaded_npy(s3_bucket, tmp_path, DOCS)
+    return tokstream.open_tokens(str(local)), tokstream.open_tokens(url), url
 
 
 def in_pool(context: str, function, *args, **kwargs):

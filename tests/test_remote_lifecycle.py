@@ -23,7 +23,14 @@ from pathlib import Path
 import pytest
 
 import tokstream
-from tests.remote_cases import WRITERS, as_list, assert_same, documents, open_remote, require_remote
+from tests.remote_cases import (
+    as_list,
+    assert_same,
+    documents,
+    open_remote,
+    require_remote,
+    uploaded_npy,
+)
 
 remote = require_remote()
 
@@ -32,11 +39,8 @@ DOCS = documents(count=12, seed=33)
 
 @pytest.fixture
 def files(proxied_bucket, tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    spec = WRITERS["npy"](data, DOCS)
-    proxied_bucket.upload(data, prefix="npy")
-    return tokstream.open_tokens(str(data / spec)), proxied_bucket.url(f"npy/{spec}")
+    local, url = uploaded_npy(proxied_bucket, tmp_path, DOCS)
+    return tokstream.open_tokens(str(local)), url
 
 
 def new_threads(before: set[threading.Thread], seconds: float = 10.0) -> list[str]:
