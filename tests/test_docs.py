@@ -224,6 +224,9 @@ def _imported_roots(code: str) -> set[str]:
     return roots
 
 
+# The README's packed example calls flex_attention eagerly (it says to compile it for training),
+# which warns on CPU that the unfused path materialises the scores.
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize(
     ("document", "index", "code"),
     [pytest.param(*block, id=f"{block[0].name}-{block[1]}") for block in _python_blocks()],
