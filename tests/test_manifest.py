@@ -20,6 +20,7 @@ from tokstream.formats import tokenized
 from tokstream.manifest import write_manifest
 
 from .conftest import assert_same_batches
+from .test_formats import write_save_to_disk_layout
 
 STREAMS = [
     dict(shuffle=True, seed=3),
@@ -88,6 +89,13 @@ def make_inputs(tmp_path: Path, kind: str) -> list[str]:
                 for batch in table.to_batches(max_chunksize=7):
                     writer.write_batch(batch)
         return [str(tmp_path / "data.arrow")]
+    if kind == "save_to_disk":
+        pa = pytest.importorskip("pyarrow")
+        columns = [
+            pa.array([d.tolist() for d in documents(5 + i, 20)], pa.list_(pa.uint16()))
+            for i in range(2)
+        ]
+        return [str(write_save_to_disk_layout(tmp_path / "dataset", columns))]
     if kind.startswith("tokenize"):
         format = kind.split("-")[1]
         shards = [documents(10 + i, 9) for i in range(3)]
@@ -102,6 +110,7 @@ KINDS = [
     "llmc7",
     "megatron",
     "arrow",
+    "save_to_disk",
     "tokenize-npy",
     "tokenize-bin",
     "tokenize-megatron",

@@ -52,7 +52,9 @@ DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("kind", ["npy", "bin", "llmc1", "megatron", "arrow", "tokenize-npy"])
+@pytest.mark.parametrize(
+    "kind", ["npy", "bin", "llmc1", "megatron", "arrow", "save_to_disk", "tokenize-npy"]
+)
 def test_a_manifest_of_unchanged_files_verifies(tmp_path, kind):
     inputs = make_inputs(tmp_path, kind)
     written = write_manifest(
