@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from tests.test_packing import lognormal_lengths
 from tests.test_packing_stream import corpus_of
-from tokstream import stream_token_source
+from tokstream import mix, stream_token_source
 from tokstream.torch import TokenDataset, block_mask
 
 # Eager flex_attention on CPU warns that it is not fused; the result is what is tested here.
@@ -78,3 +78,61 @@ def test_a_dataloader_with_workers_streams_the_packed_rows_once():
         stream = stream_token_source(corpus, 16, 4, world_size=2, rank=rank, **options)
         expected += [t for b in stream for t in b["labels"][b["loss_mask"]].tolist()]
     assert labels == sorted(expected) and len(single) > 0
+
+
+def packed_sources():
+    """A packed corpus and a packed mixture of two such corpora (tokens are their indices)."""
+    return {
+        "corpus": corpus_of(lognormal_lengths(40, seed=11)),
+        "mixture": mix(
+            {"a": corpus_of(lognormal_lengths(30, seed=12)), "b": corpus_of([7, 90, 3] * 10)},
+            {"a": 2, "b": 1},
+        ),
+    }
+
+
+# torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates.
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+@pytest.mark.parametrize("source", ["corpus", "mixture"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_statefuldataloader_resumes_packed_rows_to_identical_batches(source, num_workers):
+    stateful_dataloader = pytest.importorskip(
+        "torchdata.stateful_dataloader", reason="torchdata is not installed"
+    )
+    options = {
+        "windows": "packed",
+        "pad": 0,
+        "extras": ("document_ids", "position_ids", "cu_seqlens"),
+        "out_dtype": "int32",
+        "epochs": 2,
+        "seed": 3,
+        "num_workers": num_workers,
+    }
+
+    def loader():
+        dataset = TokenDataset(packed_sources()[source], 64, 4, **options)
+        return stateful_dataloader.StatefulDataLoader(
+            dataset,
+            batch_size=None,
+            num_workers=num_workers,
+            multiprocessing_context="fork" if num_workers else None,
+        )
+
+    def kept(batch):  # out of the workers' shared memory, so no file descriptor stays open
+        return {key: torch.as_tensor(value).clone() for key, value in batch.items()}
+
+    uninterrupted = loader()
+    iterator = iter(uninterrupted)
+    head = [kept(next(iterator)) for _ in range(len(uninterrupted) // 3)]  # inside epoch 0
+    state = uninterrupted.state_dict()
+    rest = [kept(batch) for batch in iterator]
+    assert len(head) + len(rest) == len(uninterrupted)
+    assert head[0]["input_ids"].dtype == torch.int32
+    resumed = loader()
+    resumed.load_state_dict(state)
+    again = [kept(batch) for batch in resumed]
+    assert len(again) == len(rest) > 0
+    for batch, want in zip(again, rest, strict=True):
+        assert batch.keys() == want.keys()
+        for key in want:
+            assert torch.equal(batch[key], want[key]), key
