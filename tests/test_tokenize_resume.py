@@ -393,3 +393,80 @@ def test_the_largest_ranges_are_made_first(tmp_path, tokenizer_file):
 
     tokenize_files(paths, str(tokenizer_file), tmp_path / "out", shard_bytes=100, progress=progress)
     assert order == [1500, 2100, 2300]
+
+
+def test_a_killed_jobs_pool_workers_end_with_it(tmp_path, tokenizer_file, inputs):
+    """SIGKILL gives a job no chance to stop its pool: its spawned workers notice and end."""
+    child = start_child(tokenizer_file, tmp_path / "out", inputs, workers=2, hold_after=1)
+    try:
+        wait_for(child, "go")
+        wait_for(child, "holding")  # the pool is up
+        workers = children_of(child.pid)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+        child.stderr.close()
+    assert len(workers) >= 2  # the pool's 2 workers (and the resource tracker)
+    deadline = time.monotonic() + 120  # a hang guard
+    while [pid for pid in workers if Path(f"/proc/{pid}").exists()]:
+        assert time.monotonic() < deadline, workers
+        time.sleep(0.2)
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+# A worker of a killed run, still writing: it holds the output's writers' lock, says "holding",
+# then writes a temporary shard file a moment later and ends.
+WRITER = """
+import sys, time
+from pathlib import Path
+from tokstream.tokenize.output import writing
+with writing(sys.argv[1]):
+    print("holding", flush=True)
+    time.sleep(1)
+    (Path(sys.argv[1]) / ".shard_000003.npy.0123456789abcdef.tmp").write_bytes(b"half a shard")
+"""
+
+
+def test_a_new_run_waits_for_a_killed_runs_workers_before_cleaning_up(
+    tmp_path, tokenizer_file, inputs
+):
+    """Files a killed run's worker is still writing are removed only once it has stopped."""
+    clean = tmp_path / "clean"
+    tokenize_files(inputs, str(tokenizer_file), clean, shard_bytes=10000)
+    out = tmp_path / "out"
+
+    def interrupt_after_two_shards(message: str, milestone: bool) -> None:
+        if milestone and "2 shards written" in message:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_files(
+            inputs, str(tokenizer_file), out, shard_bytes=10000, progress=interrupt_after_two_shards
+        )
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(out)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(writer, "holding")
+        tokenize_files(inputs, str(tokenizer_file), out, shard_bytes=10000, workers=2)
+        assert writer.wait(timeout=60) == 0
+    finally:
+        writer.kill()
+        writer.wait()
+        writer.stdout.close()
+    assert hashes(out) == hashes(clean)

@@ -7,7 +7,10 @@ workers, and a run stopped under one engine is finished under any other.
 
 - ``"local"``: one worker runs the tasks in this process; more are spawned processes, started
   (each importing tokstream and loading the tokenizer) as soon as the engine is, while the job
-  plans its ranges.
+  plans its ranges. A job killed outright (SIGKILL, the OOM killer) cannot stop its pool: each
+  worker watches its job and ends with it, and a task runs under the output's writers' lock
+  (:func:`tokstream.tokenize.output.writing`), so a new run waits for a killed run's workers
+  before it takes the directory over.
 - ``"ray"``: each task is a Ray task (one CPU), at most ``workers`` at a time; without an
   address an embedded local Ray is started for the job (and stopped after it), with one the job
   runs on that cluster (``pip install "tokstream[ray]"``; every node needs tokstream and the
@@ -27,8 +30,11 @@ import contextlib
 import functools
 import logging
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.queues
+import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,6 +43,7 @@ from urllib.parse import urlsplit
 from tokstream._extras import install_hint
 from tokstream.tokenize import task as tasks
 from tokstream.tokenize.encoders import Encoder
+from tokstream.tokenize.output import writing
 
 ENGINES = ("local", "ray")
 #: Seconds to wait for a Ray address to answer before calling it unreachable.
@@ -136,12 +143,19 @@ def fill(
 
 #: In a pool's worker process, the queue its tasks report their progress on.
 _updates: multiprocessing.queues.SimpleQueue[Update] | None = None
+#: In a pool's worker process, the job's process id.
+_job = 0
 
 
 def _start_worker(tokenizer: str, updates: multiprocessing.queues.SimpleQueue[Update]) -> None:
-    """A pool worker's start: the progress queue kept, the tokenizer loaded before any task."""
-    global _updates
+    """A pool worker's start: the progress queue kept, the tokenizer loaded before any task,
+    and a thread that ends the worker when its job's process ends, however it ends."""
+    global _updates, _job
     _updates = updates
+    _job = os.getppid()
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
     # A tokenizer that cannot be loaded here fails the worker's first task, with its own error.
     with contextlib.suppress(Exception):
         tasks.load(tokenizer)
@@ -151,8 +165,19 @@ def _started() -> None:
     """Submitted once per worker when the pool starts, so that all of them start at once."""
 
 
+def _exit_with(sentinel: int) -> None:
+    """Wait for the job's process to end (its sentinel readable), then end this worker at once:
+    a task it runs stops where it is (its shard is made again by the next run)."""
+    multiprocessing.connection.wait([sentinel])
+    os._exit(1)
+
+
 def _run_in_worker(task: tasks.Task) -> dict[str, Any]:
-    return tasks.run(task, report=functools.partial(_put_update, task.index))
+    with writing(task.directory):
+        # A task taken just as the job was killed: a new run may own the directory by now.
+        if os.getppid() != _job:
+            os._exit(1)
+        return tasks.run(task, report=functools.partial(_put_update, task.index))
 
 
 def _put_update(index: int, documents: int, tokens: int, done: int) -> None:
@@ -239,7 +264,8 @@ def _ray_runner(stack: contextlib.ExitStack, workers: int, address: str | None) 
 
 def _run_on_ray(task: tasks.Task, tally: Any) -> dict[str, Any]:
     """A Ray task: ``task`` made, its progress sent to the ``tally`` actor without waiting."""
-    return tasks.run(task, report=lambda *counts: tally.put.remote(task.index, *counts))
+    with writing(task.directory):
+        return tasks.run(task, report=lambda *counts: tally.put.remote(task.index, *counts))
 
 
 class _Tally:

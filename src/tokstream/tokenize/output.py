@@ -5,6 +5,10 @@ then nothing in it is touched (no temporary file removed, no lock file made). Th
 holds an exclusive lock on ``DIR/.tokstream.lock`` for as long as it runs, so a second run into
 the same directory is refused. The lock is the operating system's (``flock``), released when
 the process ends however it ends, so the file a killed run leaves behind blocks nobody.
+A job's worker processes hold a shared lock on ``DIR/.tokstream.writers`` while each runs a
+task; a new claim of the directory takes it exclusively before it removes anything, so the
+workers of a killed run (which end when they see their job gone) have stopped writing before
+another run cleans up after them.
 
 Shards are made in any order (:mod:`tokstream.tokenize.task`); each one finished is recorded
 by a line appended to ``DIR/.partial.shards`` (its index and manifest entry), so recording is
@@ -22,6 +26,8 @@ import contextlib
 import json
 import os
 import re
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,10 @@ from tokstream.formats import tokenized
 from tokstream.manifest import MANIFEST_NAME, write_manifest
 
 LOCK = ".tokstream.lock"
+WRITERS = ".tokstream.writers"
+#: Seconds a claim waits for the workers of a killed run to stop writing (each ends within
+#: moments of its job) before it calls the directory busy.
+WRITERS_SECONDS = 60.0
 FINISHED = ".partial.shards"
 #: The files a tokenize job writes (shards, document offsets, Megatron's pair, its record, the
 #: table of contents).
@@ -73,8 +83,55 @@ def _lock(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
+@contextlib.contextmanager
+def writing(directory: str | os.PathLike[str]) -> Iterator[None]:
+    """Held by a worker process while it runs a task writing into ``directory``: a shared lock
+    on ``DIR/.tokstream.writers``, which a new claim of the directory waits for."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: the job's own lock only
+        yield
+        return
+    fd = os.open(Path(directory) / WRITERS, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _wait_for_writers(directory: Path) -> None:
+    """Return once no worker process of an earlier run holds ``DIR/.tokstream.writers``.
+
+    Called under the job's lock, so no live job's worker can take it meanwhile; a killed
+    job's workers end within moments, and a claim waits for them rather than clean up files
+    they are still writing. A ValueError after :data:`WRITERS_SECONDS`.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        return
+    fd = os.open(directory / WRITERS, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + WRITERS_SECONDS
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ValueError(
+                        f"output {directory} is still being written by worker processes of an "
+                        f"earlier run (they hold the lock on {directory / WRITERS}); wait for "
+                        "them to end or choose another --output"
+                    ) from None
+                time.sleep(0.02)
+    finally:
+        os.close(fd)
+
+
 def _foreign_entries(directory: Path) -> list[str]:
-    return sorted(name for name in os.listdir(directory) if name != LOCK)
+    return sorted(name for name in os.listdir(directory) if name not in (LOCK, WRITERS))
 
 
 def _check_ours(directory: Path) -> bool:
@@ -137,6 +194,7 @@ class Output:
         directory.mkdir(parents=True, exist_ok=True)
         lock = Lock(directory)
         try:
+            _wait_for_writers(directory)
             ours = _check_ours(directory)  # again: what counts is the state under the lock
             manifest = tokenized.load(directory) if ours else None
             _remove_own_files(directory, OWN_TEMPORARY)
