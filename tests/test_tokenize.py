@@ -10,6 +10,8 @@ import glob
 import gzip
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +93,33 @@ def test_the_output_is_identical_whatever_the_number_of_workers(
         assert documents_of(open_tokens(out)) == expected
         outputs.append(shard_bytes(out))
     assert outputs[0] == outputs[1] == outputs[2]
+
+
+# A fresh interpreter: tokenize in-process, then the threads it runs and its parallelism setting.
+ONE_WORKER = """
+import os, sys
+from tokstream.tokenize import tokenize_files
+os.environ.pop("TOKENIZERS_PARALLELISM", None)
+threads = len(os.listdir("/proc/self/task"))  # imports start some (NumPy's BLAS)
+tokenize_files(sys.argv[3:], sys.argv[1], sys.argv[2], shard_bytes=1000, workers=1)
+print(len(os.listdir("/proc/self/task")) - threads, os.environ.get("TOKENIZERS_PARALLELISM"))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_one_worker_encodes_on_one_thread_and_leaves_the_callers_setting(
+    tmp_path, tokenizer_file, text_inputs
+):
+    """``workers=1`` means one core: tokenizers' own thread pool (every core, unless the
+    caller set TOKENIZERS_PARALLELISM) is never started, and the caller's setting is kept."""
+    argv = [str(tokenizer_file), str(tmp_path / "out"), *text_inputs]
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_WORKER, *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["0", "None"]
 
 
 def test_an_interrupted_run_is_finished_by_running_it_again(

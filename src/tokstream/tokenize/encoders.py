@@ -104,7 +104,8 @@ class Encoder:
                 return None
 
         self.token_to_id = token_to_id
-        self._encode = encoding.encode_ordinary_batch
+        # One thread: encode_ordinary_batch would start 8 (a job's workers are its cores).
+        self._encode = lambda texts: [encoding.encode_ordinary(text) for text in texts]
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """The ids of each text, special tokens' texts in it encoded as plain text.
@@ -130,6 +131,26 @@ class Encoder:
         if not (0 <= eos <= self.max_id and self.has_id(eos)):
             raise ValueError(f"eos id {eos} is no token of tokenizer {self.spec}")
         return eos
+
+
+#: Read by ``tokenizers`` at every ``encode_batch``: "false" encodes on the calling thread only.
+PARALLELISM = "TOKENIZERS_PARALLELISM"
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """``tokenizers`` encodes on the calling thread while the block runs; the caller's setting
+    is restored after. A job's workers are the cores it uses: a worker encoding on every core
+    would slow the others (and ``--workers 1`` would not mean one core)."""
+    before = os.environ.get(PARALLELISM)
+    os.environ[PARALLELISM] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PARALLELISM, None)
+        else:
+            os.environ[PARALLELISM] = before
 
 
 @contextlib.contextmanager

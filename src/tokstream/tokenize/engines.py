@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 
 from tokstream._extras import install_hint
 from tokstream.tokenize import task as tasks
-from tokstream.tokenize.encoders import Encoder
+from tokstream.tokenize.encoders import Encoder, one_thread
 from tokstream.tokenize.output import writing
 
 ENGINES = ("local", "ray")
@@ -84,9 +84,7 @@ def start(
     if ray_address is not None:
         raise ValueError("ray_address (--ray-address) is for engine='ray' (--engine ray)")
     if workers == 1:
-        return lambda todo, report: (
-            (task, tasks.run(task, encoder, functools.partial(report, task.index))) for task in todo
-        )
+        return lambda todo, report: _in_process(encoder, todo, report)
     context = multiprocessing.get_context("spawn")
     updates: multiprocessing.queues.SimpleQueue[Update] = context.SimpleQueue()
     pool = concurrent.futures.ProcessPoolExecutor(
@@ -98,6 +96,14 @@ def start(
     for _ in range(workers):
         pool.submit(_started)
     return lambda todo, report: _pooled(pool, updates, todo, workers, report)
+
+
+def _in_process(encoder: Encoder, todo: list[tasks.Task], report: Reporter) -> Entries:
+    """Each task made in this process, in order, the encoder on this thread only."""
+    for task in todo:
+        with one_thread():
+            entry = tasks.run(task, encoder, functools.partial(report, task.index))
+        yield task, entry
 
 
 def _pooled(

@@ -24,7 +24,7 @@ import numpy as np
 from tokstream import writing
 from tokstream.formats import tokenized
 from tokstream.formats.writer import TokenFileWriter
-from tokstream.tokenize.encoders import Encoder
+from tokstream.tokenize.encoders import PARALLELISM, Encoder
 from tokstream.tokenize.inputs import input_kind, parquet_rows, read_span, splittable
 
 #: Documents encoded at a time, and at most this many characters of them.
@@ -194,6 +194,6 @@ def load(spec: str) -> Encoder:
     """The tokenizer ``spec`` loaded once per process (an engine's worker runs many tasks)."""
     if spec not in _encoders:
         # One process per core already: the tokenizer's own thread pool would oversubscribe.
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        os.environ[PARALLELISM] = "false"
         _encoders[spec] = Encoder(spec)
     return _encoders[spec]
