@@ -14,7 +14,9 @@ Documents of seeded lognormal lengths (median 500, mean 900 tokens, as issue tar
 - ``start``: the time to make a shuffled packed stream over ``--start-documents`` documents (a
   sparse memory-mapped uint16 file, so only the boundaries are real) and draw its first batch
   (target: under a second at 10**7), the memory it allocates beyond the corpus' boundaries
-  (tracemalloc) and its ``state_dict()``'s JSON size (target: under 16 KB);
+  (tracemalloc) and its ``state_dict()``'s JSON size (target: under 16 KB); then the same with
+  the corpus opened first, from a Megatron dataset of those documents and through a manifest of
+  it (the open, its checks and the documents read included);
 - ``rate``: packed streaming against the ``stride=block`` stream (``targets="shifted"``, loss
   mask) over the same ~2 * 10**7 uint16 tokens, rounds alternating, median Mtok/s of each and
   their ratio (target: at least 0.5); also per second of the thread's CPU time, which a host
@@ -32,10 +34,13 @@ import statistics
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Callable
 
 import numpy as np
 
-from tokstream import Corpus, stream_token_source
+from tokstream import Corpus, open_tokens, stream_token_source
+from tokstream.formats import megatron
+from tokstream.manifest import write_manifest
 from tokstream.packing import Packing, piece_counts
 
 PARTS = ("padding", "split", "start", "rate")
@@ -97,22 +102,34 @@ def start(documents: int) -> None:
             f.truncate(int(boundaries[-1]) * 2)  # sparse: only the boundaries are real
         tokens = np.memmap(path, np.uint16, "r")
         corpus = Corpus._from_arrays([tokens], [path], path, [boundaries])
-        tracemalloc.start()
-        began, cpu = time.perf_counter(), time.thread_time()
-        stream = stream_token_source(corpus, 2048, 16, windows="packed", pad=0)
-        next(stream)
-        seconds, cpu = time.perf_counter() - began, time.thread_time() - cpu
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        state = len(json.dumps(stream.state_dict()))
-        print(
-            f"start over {documents:,} documents ({int(boundaries[-1]):,} tokens, block 2048, "
-            f"batch 16, shuffled): first batch {seconds:.2f} s ({cpu:.2f} s of CPU), "
-            f"peak {peak / 2**20:.1f} MiB allocated "
-            f"(boundaries {boundaries.nbytes / 2**20:.0f} MiB held by the corpus), "
-            f"state_dict {state:,} bytes"
-        )
-        del stream, corpus, tokens
+        first_batch(f"start over {documents:,} documents (boundaries in hand)", lambda: corpus)
+        print(f"  ({int(boundaries[-1]):,} tokens; boundaries {boundaries.nbytes / 2**20:.0f} MiB)")
+        # The same documents as a user has them: a Megatron dataset (its index real, its
+        # tokens sparse), opened by path and through a manifest of it.
+        prefix = os.path.join(directory, "docs")
+        with open(prefix + ".idx", "wb") as f:
+            megatron.write_index(f, boundaries, np.dtype(np.uint16))
+        os.rename(path, prefix + ".bin")
+        write_manifest([prefix + ".bin"], os.path.join(directory, "toc", "manifest.json"))
+        first_batch("  opened from its Megatron files", lambda: open_tokens(prefix))
+        toc = os.path.join(directory, "toc")
+        first_batch("  opened through a manifest of them", lambda: open_tokens(toc))
+
+
+def first_batch(label: str, corpus_of: Callable[[], Corpus]) -> None:
+    """Time ``corpus_of()`` (an open, or nothing) and a shuffled packed stream's first batch."""
+    tracemalloc.start()
+    began, cpu = time.perf_counter(), time.thread_time()
+    stream = stream_token_source(corpus_of(), 2048, 16, windows="packed", pad=0)
+    next(stream)
+    seconds, cpu = time.perf_counter() - began, time.thread_time() - cpu
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    state = len(json.dumps(stream.state_dict()))
+    print(
+        f"{label} (block 2048, batch 16, shuffled): first batch {seconds:.2f} s "
+        f"({cpu:.2f} s of CPU), peak {peak / 2**20:.1f} MiB allocated, state_dict {state:,} bytes"
+    )
 
 
 def rate(rounds: int, batches: int) -> None:
