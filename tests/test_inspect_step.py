@@ -57,9 +57,32 @@ def test_the_rows_of_a_step_are_the_streams_own_and_located(two_files, step, ran
         assert int(document.replace(",", "")) == np.searchsorted(boundaries, start, "right") - 1
 
 
+@pytest.mark.parametrize("eos", [None, "0"])
+def test_a_packed_step_locates_each_rows_first_piece(two_files, eos):
+    paths, arrays = two_files
+    eos_args = ("--eos", eos) if eos else ()
+    code, out, err = run(
+        *paths, "--block", "16", "--batch-size", "3", "--windows", "packed", "--pad", "7",
+        "--step", "4", "--seed", "2", *eos_args,
+    )  # fmt: skip
+    assert code == 0, err
+    stream = stream_token_source(
+        open_tokens(paths), 16, 3, seed=2, windows="packed", pad=7, eos=eos and int(eos)
+    )
+    stream.seek(4)
+    rows, windows = table_rows(out), next(stream)["input_ids"]
+    assert len(rows) == windows.shape[0] == 3
+    for (_, file, shard, offset, _), window in zip(rows, windows, strict=True):
+        shard, offset = int(shard), int(offset.replace(",", ""))
+        assert file == paths[shard] and arrays[shard][offset] == window[0]
+
+
 @pytest.mark.parametrize(
     ("argv", "code", "message"),
     [
+        (("--step", "0", "--batch-size", "4", "--windows", "packed"), 1, "needs pad="),
+        (("--step", "0", "--batch-size", "4", "--pad", "3"), 1, "pad needs windows='packed'"),
+        (("--step", "0", "--batch-size", "4", "--windows", "packed", "--pad", "x"), 2, "--pad"),
         (("--step", "2"), 2, "--step needs --batch-size"),
         (("--step", "-1", "--batch-size", "4"), 2, "expected an integer >= 0"),
         (("--step", "0", "--batch-size", "4", "--rank", "2", "--world-size", "2"), 1, "rank"),

@@ -36,6 +36,13 @@ def add_arguments(inspect: argparse.ArgumentParser) -> None:
         default="cross",
         help="packed (without --step): also report what windows='packed' makes of the documents",
     )
+    step.add_argument(
+        "--pad",
+        type=int,
+        default=None,
+        metavar="ID",
+        help="the token id padding --windows packed rows (default: --eos)",
+    )
     step.add_argument("--permutation", choices=("materialized", "implicit"), default=None)
     step.add_argument("--no-shuffle", action="store_true", help="windows in corpus order")
     step.add_argument("--drop-last", action="store_true")
@@ -62,6 +69,8 @@ def run(args: argparse.Namespace, paths: list[str], stdout: TextIO) -> int:
         "eos": args.eos,
         "extras": ("origin",),
     }
+    if args.pad is not None:
+        options["pad"] = args.pad
     per_epoch = TokenStream(corpus, args.block, args.batch_size, **options).batches_per_epoch
     if per_epoch == 0:
         raise ValueError(f"a stream over {', '.join(paths)} with these options has no batch")
