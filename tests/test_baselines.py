@@ -9,7 +9,8 @@ import pytest
 
 import tokstream
 from tokstream import bench
-from tokstream.bench import baselines, harness
+from tokstream._validate import KERNEL_DTYPES
+from tokstream.bench import _loop, baselines, harness
 
 NUMPY_LOADERS = ["reference", "best_numpy", "fast", "fast_reuse", "fast_one_buffer", "c_loop"]
 
@@ -67,6 +68,28 @@ def test_c_loop_calibrates_to_one_of_its_distances_and_reuses_one_buffer():
     batches = baselines.c_loop(ids, 16, 64)
     addresses = {w.__array_interface__["data"][0] for w, _ in itertools.islice(batches, 4)}
     assert len(addresses) == 1
+
+
+@pytest.mark.parametrize("out", ["int32", "int64"])
+@pytest.mark.parametrize("dtype", sorted(dtype.name for dtype in KERNEL_DTYPES))
+@pytest.mark.parametrize("distance", [0, 3, 1000])
+def test_c_rows_floor_writes_windows_shifted_labels_and_the_extras_bytes(out, dtype, distance):
+    ids = _corpus(400, dtype)
+    starts = np.random.default_rng(1).integers(0, 400 - 17, 40).astype(np.int64)
+    rows = np.lib.stride_tricks.sliding_window_view(ids, 17)[starts]
+    inputs, labels, positions = (np.full((40, 16), -1, out) for _ in range(3))
+    mask, pieces = np.zeros((40, 16), np.uint8), np.full((40, 16), -1, np.int32)
+    _loop.copy_rows(ids, starts, inputs, labels, positions, mask, pieces, distance)
+    np.testing.assert_array_equal(inputs, rows[:, :-1].astype(out))
+    np.testing.assert_array_equal(labels, rows[:, 1:].astype(out))
+    np.testing.assert_array_equal(positions, np.broadcast_to(np.arange(16), (40, 16)))
+    assert mask.all() and not pieces.any()
+    # Without extras only the tokens are written.
+    positions.fill(-1)
+    _loop.copy_rows(ids, starts[::-1].copy(), inputs, labels, None, None, None, distance)
+    np.testing.assert_array_equal(inputs, rows[::-1, :-1].astype(out))
+    np.testing.assert_array_equal(labels, rows[::-1, 1:].astype(out))
+    assert (positions == -1).all()
 
 
 def test_c_loop_rejects_a_negative_distance():

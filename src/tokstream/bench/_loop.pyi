@@ -1,4 +1,4 @@
-"""Stubs for the plain C window-copy loop ``tokstream.bench._loop`` (see ``_loop.pyx``)."""
+"""Stubs for the plain C loops ``tokstream.bench._loop`` (see ``_loop.pyx``)."""
 
 import numpy as np
 import numpy.typing as npt
@@ -9,4 +9,15 @@ def copy_windows(
     windows: npt.NDArray[np.int64],  # int64_t[:, ::1], shape (>= len(starts), block)
     next_tokens: npt.NDArray[np.int64],  # int64_t[::1]
     distance: int,  # Py_ssize_t, windows ahead to prefetch; 0: none
+) -> None: ...
+
+def copy_rows(
+    tokens: npt.NDArray[np.integer],  # const token_t[::1], any of the 8 fixed-width int dtypes
+    starts: npt.NDArray[np.int64],  # const int64_t[::1]
+    inputs: npt.NDArray[np.int32 | np.int64],  # out_t[:, ::1], shape (len(starts), block)
+    labels: npt.NDArray[np.int32 | np.int64],  # out_t[:, ::1], same shape and dtype
+    positions: npt.NDArray[np.int32 | np.int64] | None,  # out_t[:, ::1]; None: no extras
+    mask: npt.NDArray[np.uint8] | None,  # uint8_t[:, ::1]
+    pieces: npt.NDArray[np.int32] | None,  # int32_t[:, ::1]
+    distance: int,  # Py_ssize_t, rows ahead to prefetch; 0: none
 ) -> None: ...
