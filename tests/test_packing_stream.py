@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tests.oracle_packing import fill_rows
 from tests.test_packing import PAD, boundaries_of, check_contract, layouts, lognormal_lengths
 from tokstream import Corpus, stream_token_source
+from tokstream._kernels.packed_copy import piece_addresses
 
 EXTRAS = ("document_ids", "position_ids", "cu_seqlens")
 
@@ -206,3 +207,61 @@ def test_requesting_rows_ahead_into_the_cache_never_changes_the_rows(ahead):
     streams[1]._fill._rows_ahead = ahead
     for plain, ahead_batch in zip(*streams, strict=True):
         same(plain, ahead_batch)
+
+
+def _shard_tables(lengths: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    bases = (np.arange(len(lengths), dtype=np.uint64) + np.uint64(1)) << np.uint64(32)
+    return starts, starts + np.asarray(lengths, np.int64), bases
+
+
+def test_piece_addresses_find_each_piece_s_shard_past_empty_ones_as_numpy_does():
+    rng = np.random.default_rng(0)
+    shard_lengths = [0, 50, 0, 0, 7, 300, 0, 1, 90]
+    shard_starts, shard_ends, bases = _shard_tables(shard_lengths)
+    full = [s for s, n in enumerate(shard_lengths) if n]
+    shard = rng.choice(full, 200)
+    offsets = (rng.random(200) * np.asarray(shard_lengths)[shard]).astype(np.int64)
+    lengths = 1 + (rng.random(200) * (np.asarray(shard_lengths)[shard] - offsets)).astype(np.int64)
+    starts = shard_starts[shard] + offsets
+    row_offsets = np.arange(0, 201, dtype=np.int64)
+    addresses = np.empty(200, np.uint64)
+    assert not piece_addresses(
+        starts, lengths, row_offsets, 300, shard_starts, shard_ends, bases, 2, addresses
+    )
+    found = np.searchsorted(shard_starts, starts, side="right") - 1
+    np.testing.assert_array_equal(found, shard)
+    np.testing.assert_array_equal(addresses, bases[shard] + (offsets * 2).astype(np.uint64))
+
+
+@pytest.mark.parametrize(
+    ("starts", "lengths", "row_offsets", "broken"),
+    [
+        ([0, 5], [5, 0], [0, 2], 2),  # an empty piece
+        ([-1, 5], [1, 1], [0, 2], 1),  # before the first shard
+        ([8, 5], [3, 1], [0, 2], 1),  # across a shard's end
+        ([25, 5], [6, 1], [0, 2], 1),  # past the corpus
+        ([0, 5], [5, 5], [0, 2], -1),  # a row of 10 tokens in 9 slots
+        ([0, 5], [5, 5], [0, 1, 0], -2),  # rows that go back
+        ([0, 5], [5, 5], [0, 3], -1),  # a row past the pieces
+        ([0, 5], [5, 5], [-1, 1], -1),  # a row before them
+    ],
+)
+def test_piece_addresses_name_the_first_piece_or_row_that_breaks_the_kernel_s_promise(
+    starts, lengths, row_offsets, broken
+):
+    shard_starts, shard_ends, bases = _shard_tables([10, 20])
+    tables = [np.asarray(t, np.int64) for t in (starts, lengths, row_offsets)]
+    addresses = np.empty(2, np.uint64)
+    assert piece_addresses(*tables[:3], 9, shard_starts, shard_ends, bases, 8, addresses) == broken
+    with pytest.raises(ValueError, match="lengths disagree"):
+        piece_addresses(*tables[:3], 9, shard_starts, shard_ends, bases[:1], 8, addresses)
+
+
+def test_a_group_table_outside_the_corpus_is_refused_before_any_row_is_copied(monkeypatch):
+    stream = packed(corpus_of([5, 9, 3, 12, 7] * 4), batch_size=2)
+    table = stream._space.packing.group_table(0, 0)
+    bad = type(table)(table.row_offsets, table.starts + 10_000, table.lengths)
+    monkeypatch.setattr(stream._space.packing, "group_table", lambda group, epoch: bad)
+    with pytest.raises(RuntimeError, match="a packing bug"):
+        next(stream)

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from tokstream._kernels.advice import advise_at
+from tokstream._kernels.packed_copy import piece_addresses
 from tokstream._options import StreamOptions
 from tokstream._order import WindowOrder
 from tokstream._shardsource import Readable
@@ -23,7 +24,7 @@ from tokstream._state import Cursor
 from tokstream._validate import INT64_MAX, token_id
 from tokstream.corpus import Corpus
 from tokstream.mixture import Mixture, MixtureOrder, mixture_windows
-from tokstream.packing import Packing
+from tokstream.packing import Packing, RowPieces
 
 
 class PackedSpace:
@@ -63,6 +64,12 @@ class PackedSpace:
         self._shard_shift = max(1, largest.bit_length())
         if self._shard_shift + max(1, len(self._shards) - 1).bit_length() > 63:
             raise ValueError("too many shards, or shards too large, for 64-bit addresses")
+        # What a piece's address counts from: its shard's first token, or shard << shift.
+        self._shard_bases = (
+            self._shard_addresses
+            if self._shard_addresses is not None
+            else np.arange(len(self._shards), dtype=np.uint64) << np.uint64(self._shard_shift)
+        )
         # ((group, epoch), its checked table): the last group filled from.
         self._cached: tuple[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = (
             None
@@ -151,31 +158,33 @@ class PackedSpace:
         if self._cached is not None and self._cached[0] == (group, epoch):
             return self._cached[1]
         table = self.packing.group_table(group, epoch)
-        starts, lengths = table.starts, table.lengths
-        shard = np.searchsorted(self._shard_starts, starts, side="right") - 1
-        before = np.zeros(lengths.shape[0] + 1, np.int64)
-        np.cumsum(lengths, out=before[1:])
-        used = np.diff(before[table.row_offsets])
-        if (
-            (lengths < 1).any()
-            or (shard < 0).any()
-            or (starts + lengths > self._shard_ends[shard]).any()
-            or (used > self.block + 1).any()
-            or (np.diff(table.row_offsets) < 0).any()
-        ):
-            raise RuntimeError("packed rows outside the corpus or their row: a packing bug")
-        local = (starts - self._shard_starts[shard]).astype(np.uint64)
-        local *= np.uint64(self.corpus.dtype.itemsize)
-        if self._shard_addresses is not None:
-            addresses = self._shard_addresses[shard] + local
-        else:
-            # (shard << shift) + byte offset, resolved per batch in row_runs.
-            addresses = (shard.astype(np.uint64) << np.uint64(self._shard_shift)) + local
+        addresses = self._addresses(table)
+        lengths = table.lengths
         for array in (table.row_offsets, addresses, lengths):
             array.flags.writeable = False
         result = (table.row_offsets, addresses, lengths)
         self._cached = ((group, epoch), result)
         return result
+
+    def _addresses(self, pieces: RowPieces) -> np.ndarray:
+        """Each piece's address (shards read on demand: ``(shard << shift) + byte offset``,
+        resolved per batch in :meth:`row_runs`), checked in the same pass: every piece inside one
+        shard, every row within ``block + 1`` slots."""
+        addresses = np.empty(pieces.starts.shape[0], np.uint64)
+        broken = piece_addresses(
+            pieces.starts,
+            pieces.lengths,
+            pieces.row_offsets,
+            self.block + 1,
+            self._shard_starts,
+            self._shard_ends,
+            self._shard_bases,
+            self.corpus.dtype.itemsize,
+            addresses,
+        )
+        if broken:
+            raise RuntimeError("packed rows outside the corpus or their row: a packing bug")
+        return addresses
 
     def piece_addresses(self, windows_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(addresses, byte lengths)`` of the pieces of these rows, where the kernel will
@@ -187,9 +196,7 @@ class PackedSpace:
             epochs, positions = np.divmod(windows_index, max(1, self.num_windows))
             for begin, end in _runs(epochs):
                 pieces = self.packing.rows(int(epochs[begin]), positions[begin:end])
-                shard = np.searchsorted(self._shard_starts, pieces.starts, side="right") - 1
-                offsets = (pieces.starts - self._shard_starts[shard]) * itemsize
-                addresses.append(self._shard_addresses[shard] + offsets.astype(np.uint64))
+                addresses.append(self._addresses(pieces))
                 lengths.append(pieces.lengths * itemsize)
         return np.concatenate(addresses), np.concatenate(lengths)
 

@@ -21,3 +21,15 @@ def fill_packed(
     document_ids: npt.NDArray[np.int32] | None,  # int32_t[:, ::1]
     cache_ahead: int = 0,  # Py_ssize_t
 ) -> bool: ...  # False: a token does not fit the output dtype
+
+def piece_addresses(
+    starts: npt.NDArray[np.int64],  # const int64_t[::1]
+    lengths: npt.NDArray[np.int64],  # const int64_t[::1]
+    row_offsets: npt.NDArray[np.int64],  # const int64_t[::1]
+    row_slots: int,  # Py_ssize_t
+    shard_starts: npt.NDArray[np.int64],  # const int64_t[::1]
+    shard_ends: npt.NDArray[np.int64],  # const int64_t[::1]
+    shard_bases: npt.NDArray[np.uint64],  # const uint64_t[::1]
+    itemsize: int,  # Py_ssize_t
+    addresses: npt.NDArray[np.uint64],  # uint64_t[::1], as long as starts
+) -> int: ...  # 0: checked; i + 1: piece i outside its shard; -(k + 1): row k breaks its rule

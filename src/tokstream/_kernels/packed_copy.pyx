@@ -136,3 +136,94 @@ def fill_packed(
                 if write_mask:
                     memset(&mask_row[j - 1], 0, block + 1 - j)
     return outside == 0
+
+
+cdef inline Py_ssize_t _shard_of(
+    const int64_t[::1] shard_starts, int64_t token
+) noexcept nogil:
+    # The last shard starting at or before token (an empty shard before it starts there too, so
+    # the one found is the shard holding it), -1 before the first: numpy's
+    # searchsorted(shard_starts, token, side="right") - 1.
+    cdef Py_ssize_t low = 0, high = shard_starts.shape[0], middle
+    while low < high:
+        # low <= middle < high <= len(shard_starts).
+        middle = low + ((high - low) >> 1)
+        if shard_starts[middle] <= token:
+            low = middle + 1
+        else:
+            high = middle
+    return low - 1
+
+
+cdef Py_ssize_t _piece_addresses(
+    const int64_t[::1] starts,
+    const int64_t[::1] lengths,
+    const int64_t[::1] row_offsets,
+    Py_ssize_t row_slots,
+    const int64_t[::1] shard_starts,
+    const int64_t[::1] shard_ends,
+    const uint64_t[::1] shard_bases,
+    Py_ssize_t itemsize,
+    uint64_t[::1] addresses,
+) noexcept nogil:
+    # piece_addresses' loops (its docstring), the tables' lengths checked to agree.
+    cdef Py_ssize_t pieces = starts.shape[0], rows = row_offsets.shape[0] - 1, i, k, shard
+    cdef int64_t used, low, high
+    for i in range(pieces):
+        shard = _shard_of(shard_starts, starts[i])
+        # 0 <= shard < len(shard_starts) once checked: the shard tables' rows.
+        if lengths[i] < 1 or shard < 0 or starts[i] > shard_ends[shard] - lengths[i]:
+            return i + 1
+        addresses[i] = shard_bases[shard] + <uint64_t>((starts[i] - shard_starts[shard]) * itemsize)
+    for k in range(rows):
+        low, high = row_offsets[k], row_offsets[k + 1]
+        if low < 0 or high < low or high > pieces:
+            return -(k + 1)
+        used = 0
+        # low <= i < high <= len(lengths): checked just above.
+        for i in range(low, high):
+            used += lengths[i]
+        if used > row_slots:
+            return -(k + 1)
+    return 0
+
+
+def piece_addresses(
+    const int64_t[::1] starts,
+    const int64_t[::1] lengths,
+    const int64_t[::1] row_offsets,
+    Py_ssize_t row_slots,
+    const int64_t[::1] shard_starts,
+    const int64_t[::1] shard_ends,
+    const uint64_t[::1] shard_bases,
+    Py_ssize_t itemsize,
+    uint64_t[::1] addresses,
+):
+    """Each piece's address, checked against the shards and its row, in one pass.
+
+    Piece ``i`` holds the ``lengths[i]`` tokens from token ``starts[i]`` of the shards laid end
+    to end (shard ``s`` holds tokens ``shard_starts[s] .. shard_ends[s] - 1``, the starts
+    nondecreasing); row ``k`` holds pieces ``row_offsets[k] .. row_offsets[k + 1] - 1``.
+    ``addresses[i]`` gets ``shard_bases[s] + (starts[i] - shard_starts[s]) * itemsize`` for the
+    shard ``s`` holding the piece's first token (the last shard starting at or before it).
+
+    Returns 0 when every piece has at least one token and lies inside that shard, and every row
+    is a run of pieces (``row_offsets`` nondecreasing within ``[0, len(lengths)]``) whose lengths
+    sum to at most ``row_slots``: what :func:`fill_packed` is promised; otherwise the index of
+    the first piece (plus one) or row (plus one, negated) that breaks it, the addresses then
+    partly written. Every index is checked here, so any values are safe; tables whose lengths
+    disagree (``lengths`` and ``addresses`` as long as ``starts``, ``shard_ends`` and
+    ``shard_bases`` as long as ``shard_starts``) are a ValueError.
+    """
+    cdef Py_ssize_t pieces = starts.shape[0], broken
+    if not (
+        lengths.shape[0] == addresses.shape[0] == pieces
+        and shard_ends.shape[0] == shard_bases.shape[0] == shard_starts.shape[0]
+    ):
+        raise ValueError("piece_addresses: the tables' lengths disagree")
+    with nogil:
+        broken = _piece_addresses(
+            starts, lengths, row_offsets, row_slots, shard_starts, shard_ends, shard_bases,
+            itemsize, addresses,
+        )
+    return broken
