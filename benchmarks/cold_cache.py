@@ -12,11 +12,18 @@ Ratios are to the device's rate of the same round; the table shows medians over 
 ``--warm`` measures the same streams again with the file in the page cache (read-ahead on and
 off, every shape of docs/benchmarks.md): read-ahead must cost nothing there.
 
+``--packed``: the file is a Megatron dataset (``PREFIX.bin`` + ``PREFIX.idx``, memory-mapped)
+and the streams are shuffled ``windows="packed"`` rows (``pad=0``), rows per second with the
+read-ahead of each batch's pieces and without it; with ``--create``, a dataset of seeded
+lognormal document lengths (median 500, mean 900, as ``benchmarks/packing.py``) is written. The
+device's rate is still of reads of ``block + 1`` tokens (a row's bytes, in one piece).
+
     python benchmarks/cold_cache.py /tmp/tokens.npy --create 2.2     # write 2.2 GB of tokens
     python benchmarks/cold_cache.py /tmp/tokens.npy --rounds 3 --warm
+    python benchmarks/cold_cache.py /tmp/packed --packed --create 1.3 --rounds 3
 
 Linux only (eviction); the file must be larger than a few seconds of reading. Delete a file
-made with ``--create`` when done.
+made with ``--create`` when done (both files of a Megatron dataset).
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ from collections.abc import Callable
 from functools import partial
 
 import numpy as np
+from packing import lognormal_lengths
 
-from tokstream import Corpus, open_tokens, stream_token_source
+from tokstream import Corpus, open_tokens, stream_token_source, write_tokens
 from tokstream._kernels.advice import resident_fraction
 from tokstream.bench._device import read_at
 
@@ -57,6 +65,24 @@ def create(path: str, gigabytes: float) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def create_documents(prefix: str, gigabytes: float) -> None:
+    """Write ``gigabytes`` GB of seeded random uint16 tokens as a Megatron dataset whose
+    documents have lognormal lengths (``benchmarks/packing.py``'s)."""
+    count = int(gigabytes * 1e9) // 2
+    tokens = np.random.default_rng(0).integers(0, 50257, count, dtype=np.uint16)
+    lengths = lognormal_lengths(2 * count // 900 + 16)
+    cuts = np.cumsum(lengths)
+    corpus = Corpus.from_documents(np.split(tokens, cuts[cuts < count]))
+    del tokens
+    write_tokens(prefix, corpus, format="megatron")
+    for suffix in (".bin", ".idx"):
+        fd = os.open(prefix + suffix, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def evict(path: str) -> None:
@@ -109,31 +135,42 @@ def stream_rate(
     readahead: bool,
     prefetch: int,
     corpus: Corpus | None = None,
+    packed: bool = False,
 ) -> float:
-    """Windows per second of a shuffled (implicit) stream, for ``seconds``.
+    """Windows (packed rows) per second of a shuffled stream, for ``seconds``.
 
     Over the file, evicted first, or over ``corpus`` when one is given (the warm case).
     """
     if corpus is None:
-        evict(path)
+        evict(data_file(path, packed))
         corpus = open_tokens(path)
+    # Packed rows are the packing's own shuffle; windows the implicit permutation's.
+    layout: dict[str, object] = (
+        {"windows": "packed", "pad": 0} if packed else {"permutation": "implicit"}
+    )
     stream = stream_token_source(
         corpus,
         block,
         batch_size,
-        permutation="implicit",
         seed=time.monotonic_ns() % 2**32,
         epochs=1000,
         prefetch=prefetch,
+        **layout,
     )
     if not readahead:
         stream._readahead = None  # the stream without its read-ahead, for comparison only
     windows = 0
     started = time.perf_counter()
     while (elapsed := time.perf_counter() - started) < seconds:
-        windows += len(next(stream)[0])
+        batch = next(stream)
+        windows += len(batch["input_ids"] if packed else batch[0])
     stream.close()
     return windows / elapsed
+
+
+def data_file(path: str, packed: bool) -> str:
+    """The file whose pages a stream over ``path`` reads: a Megatron dataset's ``.bin``."""
+    return path + ".bin" if packed else path
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -167,14 +204,15 @@ def cold(args: argparse.Namespace, itemsize: int) -> None:
     for block, batch_size in COLD_SHAPES:
         print(f"block {block}, batch {batch_size}:", file=sys.stderr)
         shape = (args.file, block, batch_size, args.seconds)
+        device_file = data_file(args.file, args.packed)
         rates = interleaved(
             args.rounds,
             {
                 "device": partial(
-                    device_rate, args.file, (block + 1) * itemsize, args.seconds, args.threads
+                    device_rate, device_file, (block + 1) * itemsize, args.seconds, args.threads
                 ),
-                "read-ahead": partial(stream_rate, *shape, True, args.prefetch),
-                "none": partial(stream_rate, *shape, False, args.prefetch),
+                "read-ahead": partial(stream_rate, *shape, True, args.prefetch, packed=args.packed),
+                "none": partial(stream_rate, *shape, False, args.prefetch, packed=args.packed),
             },
         )
         rows.append(
@@ -187,8 +225,9 @@ def cold(args: argparse.Namespace, itemsize: int) -> None:
                 spread(rates["none"], rates["device"]),
             ]
         )
+    unit = "packed rows" if args.packed else "windows"
     print(
-        "\ncold cache, windows (reads) per second, median of rounds; ratio to the device's rate "
+        f"\ncold cache, {unit} (reads) per second, median of rounds; ratio to the device's rate "
         "in the same round (range over rounds)"
     )
     header = ["shape", "device reads/s", "read-ahead", "ratio", "no read-ahead", "ratio"]
@@ -232,12 +271,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=64)
     parser.add_argument("--prefetch", type=int, default=0, help="the stream's prefetch=")
     parser.add_argument("--warm", action="store_true", help="also measure with the file cached")
+    parser.add_argument(
+        "--packed", action="store_true", help="FILE is a Megatron prefix; stream packed rows"
+    )
     args = parser.parse_args()
+    if args.packed and args.warm:
+        parser.error("--warm measures windows only")
     if args.create:
-        create(args.file, args.create)
+        (create_documents if args.packed else create)(args.file, args.create)
     itemsize = open_tokens(args.file).dtype.itemsize
     print(
-        f"{args.file}: {os.path.getsize(args.file) / 1e9:.2f} GB, {args.rounds} rounds of "
+        f"{args.file}: {os.path.getsize(data_file(args.file, args.packed)) / 1e9:.2f} GB, "
+        f"{args.rounds} rounds of "
         f"{args.seconds} s, device at {args.threads} reads in flight, stream "
         f"prefetch={args.prefetch}"
     )
