@@ -21,7 +21,6 @@ def fill_packed(
     document_ids: npt.NDArray[np.int32] | None,  # int32_t[:, ::1]
     cache_ahead: int = 0,  # Py_ssize_t
 ) -> bool: ...  # False: a token does not fit the output dtype
-
 def piece_addresses(
     starts: npt.NDArray[np.int64],  # const int64_t[::1]
     lengths: npt.NDArray[np.int64],  # const int64_t[::1]

@@ -10,7 +10,6 @@ def copy_windows(
     next_tokens: npt.NDArray[np.int64],  # int64_t[::1]
     distance: int,  # Py_ssize_t, windows ahead to prefetch; 0: none
 ) -> None: ...
-
 def copy_rows(
     tokens: npt.NDArray[np.integer],  # const token_t[::1], any of the 8 fixed-width int dtypes
     starts: npt.NDArray[np.int64],  # const int64_t[::1]
