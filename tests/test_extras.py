@@ -3,10 +3,13 @@ clone of the repository (where ``pip install 'tokstream[...]'`` would look the n
 
 from __future__ import annotations
 
+import io
 import sys
 
 import pytest
 
+from tests.conftest import byte_level_bpe
+from tokstream import cli
 from tokstream._extras import install_hint
 
 
@@ -34,3 +37,20 @@ def test_a_tokenizers_file_without_tokenizers_says_how_to_install_it(tmp_path, m
     with pytest.raises(ImportError) as error:
         Encoder(str(spec))
     assert str(error.value).endswith(install_hint("tokenize"))
+
+
+def test_the_ray_engine_without_ray_is_one_line_naming_the_extra_and_writes_nothing(
+    tmp_path, monkeypatch
+):
+    pytest.importorskip("tokenizers")
+    texts = [f"document {i}: some words" for i in range(20)]
+    tokenizer = byte_level_bpe(texts, tmp_path / "tokenizer.json", vocab_size=300)
+    (tmp_path / "in.txt").write_text("\n".join(texts))
+    monkeypatch.setitem(sys.modules, "ray", None)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    argv = ["tokenize", str(tmp_path / "in.txt"), "--tokenizer", str(tokenizer)]
+    argv += ["--output", str(tmp_path / "out"), "--engine", "ray", "--quiet"]
+    assert cli.main(argv, stdout=stdout, stderr=stderr) == 1
+    assert stderr.getvalue().count("\n") == 1 and stdout.getvalue() == ""
+    assert stderr.getvalue().rstrip().endswith(install_hint("ray"))
+    assert not (tmp_path / "out").exists()
