@@ -212,10 +212,10 @@ def test_cache_ahead_keeps_about_2_kib_ahead_and_skips_long_windows(dtype):
     assert cache_ahead(8, np.dtype("int64")) == 28
     assert cache_ahead(128, np.dtype("uint16")) == 7
     assert cache_ahead(1024, np.dtype("uint16")) == 1
-    assert cache_ahead(128, np.dtype("int64")) == 0
-    # memcpy where the output dtype is the corpus', a converting loop (prefetched) elsewhere.
-    assert cache_ahead(128, np.dtype("int32"), "int32") == 0
-    assert cache_ahead(128, np.dtype("int64"), "int32") == 1
+    assert cache_ahead(128, np.dtype("int64")) == 1
+    assert cache_ahead(256, np.dtype("int64")) == 1
+    assert cache_ahead(264, np.dtype("int64")) == 0
+    assert cache_ahead(128, np.dtype("int32")) == 3
 
 
 def test_packed_rows_are_requested_ahead_by_about_4_kib_and_long_rows_not():

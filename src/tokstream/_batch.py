@@ -150,9 +150,7 @@ class WindowFill:
         # Selects the kernels' specialisation only; the windows are read from their addresses.
         self._anchor = np.empty(0, dtype)
         # Windows whose cache lines the kernels request ahead of the copy (0: none).
-        self._cache_ahead = (
-            cache_ahead(space.block, dtype, options.out_dtype) if space.random_order else 0
-        )
+        self._cache_ahead = cache_ahead(space.block, dtype) if space.random_order else 0
         self._one_shard = space.one_shard
         self._refuse = _OutsideOutDtype(dtype, options.out_dtype)
         # Remote shards: each batch's windows are fetched into memory before a kernel reads them.

@@ -32,23 +32,22 @@ CACHE_AHEAD_MAX_WINDOWS = 32
 MIN_SEGMENT_BUCKETS = 1024
 
 
-def cache_ahead(block: int, dtype: np.dtype, out_dtype: np.dtype | str = "int64") -> int:
+def cache_ahead(block: int, dtype: np.dtype) -> int:
     """How many windows ahead of the one it copies the kernel requests into the cache (a
     software prefetch), for a random order.
 
     Found by sweeping distances 0-64 over block 8-3072, int64 and uint16 corpora in and beyond
     the last-level cache (``benchmarks/prefetch_sweep.py``): the best distance keeps about
     ``CACHE_AHEAD_BYTES`` (32 cache lines) of window data in flight, e.g. 28 windows of 8 int64
-    tokens, 7 of 128 uint16 tokens, one of 1024 uint16 tokens. Longer windows are better off
-    without: the hardware prefetcher streams each after its first lines, and the extra
-    instructions cost up to 3x. Windows of the output dtype (``out_dtype``: int64 windows into
-    the default int64 batches) are copied by ``memcpy``, which keeps enough loads in flight by
-    itself beyond 3 cache lines; the widening (or narrowing) copy of other dtypes gains from
-    prefetch up to 33 lines (a 2 KiB window).
+    tokens, 7 of 128 uint16 tokens, one of 1024 uint16 tokens or of 128 int64 tokens. Windows
+    longer than 33 cache lines (a 2 KiB window) are better off without: the hardware prefetcher
+    streams each after its first lines, and the extra instructions cost up to 3x. The same rule
+    holds for windows of the output dtype, which are copied by ``memcpy``: a stream of int64
+    windows of 129 tokens with shifted targets (two copies a window) ran 1.4-1.6x faster with one
+    or two windows requested ahead than with none.
     """
     window_bytes = (block + 1) * dtype.itemsize
-    largest = 3 * 64 if dtype == np.dtype(out_dtype) else 33 * 64
-    if window_bytes > largest:
+    if window_bytes > 33 * 64:
         return 0
     return max(1, min(CACHE_AHEAD_MAX_WINDOWS, CACHE_AHEAD_BYTES // window_bytes))
 
