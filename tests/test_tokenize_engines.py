@@ -202,7 +202,7 @@ def test_an_embedded_ray_gives_the_local_bytes_and_is_stopped(
 
 def test_a_ray_task_reports_its_batches_to_the_jobs_actor(tmp_path, tokenizer_file):
     """A Ray task sends its counts after each batch, without waiting, to the job's actor; the
-    last it sends are the shard's own."""
+    last it sends are the shard's own. The actor's process does not import tokstream."""
     ray = pytest.importorskip("ray")
     path = tmp_path / "in.txt"
     path.write_text("\n".join(TEXTS + TEXTS))  # 4,000 documents: batches of 1,000
@@ -210,7 +210,7 @@ def test_a_ray_task_reports_its_batches_to_the_jobs_actor(tmp_path, tokenizer_fi
                 str(tmp_path), str(tokenizer_file), 0, "npy", "uint16", "text", False)  # fmt: skip
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        tally = ray.remote(num_cpus=0)(engines._Tally).remote()
+        tally = ray.remote(num_cpus=0)(engines.tally_class()).remote()
         entry = ray.get(ray.remote(engines._run_on_ray).remote(task, tally), timeout=300)
         latest: dict[int, tuple[int, int, int]] = {}
         deadline = time.monotonic() + 300  # a hang guard: the sends are on their way
@@ -218,6 +218,8 @@ def test_a_ray_task_reports_its_batches_to_the_jobs_actor(tmp_path, tokenizer_fi
             assert time.monotonic() < deadline, latest
             latest.update(ray.get(tally.take.remote(), timeout=300))
         assert latest == {7: (entry["documents"], entry["tokens"], task.size)}
+        # Sent by value: the actor's process (one per job) never imports tokstream.
+        assert not ray.get(tally.__ray_call__.remote(lambda _: "tokstream" in sys.modules))
     finally:
         ray.shutdown()
 
