@@ -92,6 +92,44 @@ def test_c_rows_floor_writes_windows_shifted_labels_and_the_extras_bytes(out, dt
     assert (positions == -1).all()
 
 
+def _rows(count: int = 4, block: int = 8, extras: bool = True) -> dict:
+    buffers = {
+        "inputs": np.zeros((count, block), np.int32),
+        "labels": np.zeros((count, block), np.int32),
+    }
+    buffers["positions"] = np.zeros((count, block), np.int32) if extras else None
+    buffers["mask"] = np.zeros((count, block), np.uint8) if extras else None
+    buffers["pieces"] = np.zeros((count, block), np.int32) if extras else None
+    return buffers
+
+
+@pytest.mark.parametrize(
+    ("starts", "change", "message"),
+    [
+        ([0, 1, 92, 3], {}, "inside tokens"),  # its label 92 + 8 would be token 100 of 100
+        ([0, -1, 2, 3], {}, "inside tokens"),
+        ([0, 1, 2], {}, "must be"),  # 3 starts, buffers of 4 rows
+        ([0, 1, 2, 3], {"labels": np.zeros((4, 7), np.int32)}, "must be"),
+        ([0, 1, 2, 3], {"mask": np.zeros((4, 9), np.uint8)}, "must be"),
+        ([0, 1, 2, 3], {"mask": None}, "together"),
+        ([0, 1, 2, 3], {"positions": None}, "together"),
+    ],
+)
+def test_c_rows_floor_refuses_windows_outside_the_tokens_and_mismatched_buffers(
+    starts, change, message
+):
+    tokens = np.arange(100, dtype=np.int64)
+    buffers = {**_rows(), **change}
+    before = {name: None if b is None else b.copy() for name, b in buffers.items()}
+    with pytest.raises(ValueError, match=message):
+        _loop.copy_rows(tokens, np.asarray(starts, np.int64), *buffers.values(), 0)
+    for name, buffer in buffers.items():
+        if buffer is not None:
+            np.testing.assert_array_equal(buffer, before[name])
+    # The last window that fits is copied.
+    _loop.copy_rows(tokens, np.array([91, 0, 0, 0]), *_rows(extras=False).values(), 0)
+
+
 def test_c_loop_rejects_a_negative_distance():
     with pytest.raises(ValueError, match="distance"):
         baselines.c_loop(np.arange(100), 4, 8, distance=-1)

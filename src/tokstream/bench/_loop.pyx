@@ -194,8 +194,9 @@ def copy_rows(
     one pass over each window, the window ``distance`` rows ahead prefetched first (0: none).
     With ``positions`` (then ``mask`` and ``pieces`` too), each row also gets the extras' bytes
     of a row of one piece: ``positions[i] = 0, 1, 2, ...``, ``mask[i]`` ones, ``pieces[i]``
-    zeros; None writes no extras. The caller guarantees ``starts[i] + block < len(tokens)``,
-    ``len(starts)`` rows in every buffer and every buffer ``block`` wide.
+    zeros; None writes no extras. A start whose window does not lie inside ``tokens``, buffers
+    of other shapes than ``(len(starts), block)`` or some of the extras' buffers without the
+    others are a ValueError, before anything is written.
     """
     cdef Py_ssize_t count = starts.shape[0]
     cdef Py_ssize_t block = inputs.shape[1]
@@ -219,9 +220,31 @@ def copy_rows(
         kind = 6
     else:
         kind = 7
+    cdef int64_t lowest = 0, highest = 0
+    cdef Py_ssize_t i
+    cdef bint extras = positions is not None
+    if (mask is not None) != extras or (pieces is not None) != extras:
+        raise ValueError("copy_rows: positions, mask and pieces are given together or not at all")
+    if not (
+        labels.shape[0] == inputs.shape[0] == count
+        and labels.shape[1] == block
+        and (
+            not extras
+            or positions.shape[0] == mask.shape[0] == pieces.shape[0] == count
+            and positions.shape[1] == mask.shape[1] == pieces.shape[1] == block
+        )
+    ):
+        raise ValueError(f"copy_rows: every buffer must be ({count}, {block})")
     if count == 0 or block == 0:
         return
-    if positions is not None:
+    with nogil:
+        lowest = highest = starts[0]
+        for i in range(count):
+            lowest = min(lowest, starts[i])
+            highest = max(highest, starts[i])
+    if lowest < 0 or highest + block >= tokens.shape[0]:
+        raise ValueError("copy_rows: a window does not lie inside tokens")
+    if extras:
         positions_out = &positions[0, 0]
         mask_out = &mask[0, 0]
         pieces_out = &pieces[0, 0]
