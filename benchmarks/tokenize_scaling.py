@@ -23,10 +23,11 @@ Every output must be byte-identical (sha256 of every file) to the first before a
 printed. The ratio is the job's tokens/s over ``workers x`` the encoder's single-core rate
 (target: at least 0.9); beside it, the job's rate over the encoders-at-once rate measured just
 before it (how close the job comes to what the machine gave), the job's tokens per CPU second
-(this process and its pool's workers; not Ray's, which are not its children) over the
-encoder's (what the job costs beyond the encoder, whatever the machine's load), and the cores
-it kept busy (CPU seconds over wall seconds). The load average is printed with every row: on a
-shared machine a second worker only helps when a core is free.
+(this process and every process below it: its pool's workers, or the Ray it started, daemons,
+workers and actor included) over the encoder's (what the job costs beyond the encoder, whatever
+the machine's load), and the cores it kept busy (CPU seconds over wall seconds). The load
+average is printed with every row: on a shared machine a second worker only helps when a core
+is free.
 
     python benchmarks/tokenize_scaling.py --megabytes 200
 """
@@ -159,6 +160,31 @@ def cpu_seconds() -> float:
     """CPU seconds of this process and of its children that ended (a process pool's workers)."""
     times = os.times()
     return times.user + times.system + times.children_user + times.children_system
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds of this process and of every process below it, running or ended (each
+    process's own and its reaped children's, from /proc): with a Ray started here, its daemons,
+    workers and the job's actor are all below this process. Without /proc, :func:`cpu_seconds`.
+    """
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+        ticks[int(stat.parent.name)] = sum(int(f) for f in fields[11:15])  # utime .. cstime
+    if not ticks:
+        return cpu_seconds()
+    tree = {os.getpid()}
+    grown = True
+    while grown:
+        below = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= below
+        grown = bool(below)
+    return sum(ticks[pid] for pid in tree if pid in ticks) / os.sysconf("SC_CLK_TCK")
 
 
 def stages(todo: list[tasks.Task], encoder: Encoder, scratch: Path) -> dict[str, float]:
@@ -300,7 +326,7 @@ def main() -> int:
                              f"{at_once_cpu / single_cpu:.2f}", "", "", load())
                         )  # fmt: skip
                     out = scratch / f"{label}_{engine}_{workers}".replace(" ", "_")
-                    started, cpu = time.perf_counter(), cpu_seconds()
+                    started, cpu = time.perf_counter(), tree_cpu_seconds()
                     result = tokenize_files(
                         [str(corpus)],
                         spec,
@@ -309,7 +335,7 @@ def main() -> int:
                         workers=workers,
                         shard_bytes=shard_bytes,
                     )
-                    elapsed, cpu = time.perf_counter() - started, cpu_seconds() - cpu
+                    elapsed, cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu
                     assert result.tokens == tokens, (result.tokens, tokens)
                     found = hashes(out)
                     reference = reference or found
@@ -317,11 +343,10 @@ def main() -> int:
                     rate = result.tokens / elapsed
                     ratio = rate / (workers * single)
                     of_at_once = "" if at_once is None else f"{rate / at_once:.2f}"
-                    # Ray's workers are no children of this process: their CPU is not seen.
-                    per_cpu = cores = ""
-                    if engine != "ray":
-                        per_cpu = f"{result.tokens / cpu / single_cpu:.2f}"
-                        cores = f"{cpu / elapsed:.2f}"
+                    # Every process below this one: the pool's workers, or the Ray started here
+                    # (its daemons, workers and the job's actor).
+                    per_cpu = f"{result.tokens / cpu / single_cpu:.2f}"
+                    cores = f"{cpu / elapsed:.2f}"
                     add(
                         (label, engine, workers, text_bytes / elapsed, rate, ratio, per_cpu,
                          of_at_once, cores, load())
