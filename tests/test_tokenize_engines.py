@@ -26,6 +26,7 @@ import pytest
 from tests.conftest import byte_level_bpe
 from tests.test_tokenize_resume import (
     counts,
+    descendants_of,
     killed_and_finished,
     start_child,
     wait_for,
@@ -222,6 +223,29 @@ def test_a_ray_task_reports_its_batches_to_the_jobs_actor(tmp_path, tokenizer_fi
         assert not ray.get(tally.__ray_call__.remote(lambda _: "tokstream" in sys.modules))
     finally:
         ray.shutdown()
+
+
+def test_an_embedded_ray_ends_with_a_killed_job(tmp_path, tokenizer_file, inputs):
+    """SIGKILL gives a job no chance to stop the Ray it started: every process of that Ray
+    (GCS, raylet, agents, workers) ends by itself soon after (the agents after Ray's 60 s)."""
+    pytest.importorskip("ray")
+    child = start_child(tokenizer_file, tmp_path / "out", inputs, engine="ray", hold_after=2)
+    try:
+        wait_for(child, "go")
+        wait_for(child, "holding")  # Ray is up and a shard made
+        ray_processes = descendants_of(child.pid)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+        child.stderr.close()
+    assert len(ray_processes) >= 3, ray_processes  # GCS, raylet, a worker at least
+    deadline = time.monotonic() + 300  # a hang guard
+    while left := [pid for pid in ray_processes if Path(f"/proc/{pid}").exists()]:
+        assert time.monotonic() < deadline, left
+        time.sleep(1)
 
 
 def test_ray_finishes_an_interrupted_run_with_the_local_bytes(

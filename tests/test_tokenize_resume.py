@@ -416,6 +416,15 @@ def test_a_killed_jobs_pool_workers_end_with_it(tmp_path, tokenizer_file, inputs
         time.sleep(0.2)
 
 
+def descendants_of(pid: int) -> list[int]:
+    """Every process below ``pid`` (its children, theirs, ...), from /proc."""
+    found, last = [], [pid]
+    while last:
+        last = [child for parent in last for child in children_of(parent)]
+        found += last
+    return found
+
+
 def children_of(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (from /proc)."""
     found = []
