@@ -1,9 +1,10 @@
 """How close `tokstream tokenize` comes to the encoder's own speed, by engine and workers.
 
 Real text (documentation and source files found on this machine, one document per file, as
-JSON Lines) is tokenized with a GPT-2-style byte-level BPE trained here on part of it, and with
-a tiktoken encoding when tiktoken and that encoding are already cached (nothing is
-downloaded). For each encoder, in the same run:
+JSON Lines) is tokenized with a GPT-2-style byte-level BPE trained here on part of it and, when
+tiktoken is installed, with tiktoken: ``gpt2`` if tiktoken has it cached, else tiktoken running
+the same BPE (its ranks written into a tiktoken cache of the run's own, as
+tests/tiktoken_offline.py does); nothing is downloaded. For each encoder, in the same run:
 
 - the encoder's own rate: ``encode_batch`` over the same documents in the job's own batches, on
   one core (``TOKENIZERS_PARALLELISM=false``, as the job's workers run it), the ids taken out,
@@ -54,6 +55,10 @@ from tokstream.tokenize import task as tasks  # noqa: E402
 from tokstream.tokenize import tokenize_files  # noqa: E402
 from tokstream.tokenize.encoders import Encoder  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the suite's offline tiktoken
+
+from tests.tiktoken_offline import NAME, look_for_plugins_again, write_encoding  # noqa: E402
+
 TEXT_ROOTS = ("/usr/share/doc", "/usr/lib/python3", "/usr/share/man", "/usr/include")
 SUFFIXES = {".txt", ".md", ".rst", ".py", ".h", ".c", ".html", ".1", ".README", ""}
 
@@ -103,6 +108,25 @@ def cached_tiktoken() -> str | None:
     except (ImportError, ValueError):
         return None
     return "gpt2"
+
+
+def offline_tiktoken(tokenizer_file: Path, scratch: Path) -> str | None:
+    """tiktoken running the byte-level BPE ``tokenizer_file`` (its name), or None without
+    tiktoken. Its cache and plugin reach this process, the spawned workers (``sys.path``) and
+    the processes started later (``PYTHONPATH``: the worker start-up probe, a Ray started after
+    this)."""
+    try:
+        import tiktoken  # noqa: F401
+    except ImportError:
+        return None
+    cache, plugins = write_encoding(tokenizer_file, scratch / "tiktoken")
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
+    sys.path.insert(0, str(plugins))
+    look_for_plugins_again()
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(plugins), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    return NAME
 
 
 def encoder_rate(encoder: Encoder, batches: list[list[str]]) -> tuple[float, float, int]:
@@ -256,11 +280,15 @@ def main() -> int:
             file=sys.stderr,
         )
         encoders = {"byte-level BPE": str(tokenizer_file)}
+        # A cached gpt2 if there is one (the user's cache stays the workers' then), else tiktoken
+        # running the BPE trained here, from a cache of the run's own.
         tiktoken_name = cached_tiktoken()
         if tiktoken_name:
             encoders[f"tiktoken {tiktoken_name}"] = tiktoken_name
+        elif same_bpe := offline_tiktoken(tokenizer_file, scratch):
+            encoders["tiktoken, the same BPE"] = same_bpe
         else:
-            print("tiktoken (or a cached encoding) missing: its rows are skipped", file=sys.stderr)
+            print("tiktoken is not installed: its rows are skipped", file=sys.stderr)
 
         engines = ["local"]
         if not args.no_ray:

@@ -1,26 +1,25 @@
 """tokstream tokenize with a tiktoken encoding, for real and offline.
 
-No encoding is cached on a test machine and nothing may be downloaded, so the tests make one:
-the ranks of a byte-level BPE trained here are written into tiktoken's cache (a directory of
-their own, ``TIKTOKEN_CACHE_DIR``) under the key of a URL nobody serves, and a tiktoken plugin
-module (``tiktoken_ext.*``, tiktoken's own way of adding encodings) names the encoding and
-points at that URL. tiktoken then reads the ranks from its cache exactly as it reads a cached
-``cl100k_base``: a cache hit; with the cache emptied, the same name is refused, never fetched.
+No encoding is cached on a test machine and nothing may be downloaded, so the tests make one
+from a byte-level BPE trained here (:mod:`tests.tiktoken_offline`): tiktoken reads it from its
+cache exactly as it reads a cached ``cl100k_base``; with the cache emptied, the same name is
+refused, never fetched.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import io
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import byte_level_bpe
 from tests.test_tokenize import documents_of
+from tests.tiktoken_offline import NAME, URL, look_for_plugins_again, write_encoding
 from tokstream import cli, open_tokens
 from tokstream.tokenize import tokenize_files
 from tokstream.tokenize.encoders import Encoder
@@ -30,74 +29,21 @@ pytest.importorskip("tokenizers")
 
 TEXTS = [f"tiktoken {i}: the quick brown fox {'jumps ' * (i % 5)}over {i * 7}" for i in range(300)]
 TEXTS[5] = "ünïcödé, emoji 🦊 and a literal <|endoftext|> are text"
-NAME = "tokstream_test_bpe"
-#: Where the plugin says the ranks live: never fetched, only its cache key is used.
-URL = "https://tokstream.invalid/tokstream_test_bpe.tiktoken"
-# GPT-2's pre-tokenizer pattern, as the byte-level BPE's ByteLevel pre-tokenizer splits.
-PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-
-PLUGIN = f"""
-from tiktoken.load import load_tiktoken_bpe
-
-
-def {NAME}():
-    return {{
-        "name": {NAME!r},
-        "pat_str": {PATTERN!r},
-        "mergeable_ranks": load_tiktoken_bpe({URL!r}),
-        "special_tokens": {{"<|endoftext|>": 0}},
-    }}
-
-
-ENCODING_CONSTRUCTORS = {{{NAME!r}: {NAME}}}
-"""
-
-
-def gpt2_byte_decoder() -> dict[str, int]:
-    """GPT-2's printable stand-in character for each byte, reversed (a byte-level BPE's
-    vocabulary spells its tokens' bytes with them)."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    stand_ins = printable + [256 + n for n in range(256 - len(printable))]
-    return {
-        chr(c): b
-        for c, b in zip(
-            stand_ins, printable + sorted(set(range(256)) - set(printable)), strict=True
-        )
-    }
-
-
-def tiktoken_ranks(tokenizer_file: Path) -> bytes:
-    """The byte-level BPE's tokens as a ``.tiktoken`` file: base64 of each token's bytes and
-    its id (its rank: a trained BPE numbers its merges in the order it learnt them); its
-    special token is the encoding's, not a mergeable one."""
-    saved = json.loads(tokenizer_file.read_text())
-    special = {token["content"] for token in saved["added_tokens"]}
-    vocabulary = {t: i for t, i in saved["model"]["vocab"].items() if t not in special}
-    decoder = gpt2_byte_decoder()
-    lines = [
-        base64.b64encode(bytes(decoder[c] for c in token)) + b" " + str(rank).encode()
-        for token, rank in sorted(vocabulary.items(), key=lambda item: item[1])
-    ]
-    return b"\n".join(lines) + b"\n"
 
 
 @pytest.fixture
-def encoding(tmp_path, monkeypatch) -> str:
+def encoding(tmp_path, monkeypatch) -> Iterator[str]:
     """The name of a tiktoken encoding found in tiktoken's (test's own) cache."""
     tokenizer_file = byte_level_bpe(TEXTS, tmp_path / "tokenizer.json", vocab_size=400)
-    cache = tmp_path / "tiktoken-cache"
-    cache.mkdir()
-    (cache / hashlib.sha1(URL.encode()).hexdigest()).write_bytes(tiktoken_ranks(tokenizer_file))
-    plugins = tmp_path / "plugins"
-    (plugins / "tiktoken_ext").mkdir(parents=True)
-    (plugins / "tiktoken_ext" / f"{NAME}.py").write_text(PLUGIN)
+    cache, plugins = write_encoding(tokenizer_file, tmp_path)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
     # sys.path reaches spawned workers too; tiktoken looks for plugins again.
     monkeypatch.syspath_prepend(str(plugins))
-    monkeypatch.setattr(tiktoken.registry, "ENCODING_CONSTRUCTORS", None)
     monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
     monkeypatch.delitem(sys.modules, f"tiktoken_ext.{NAME}", raising=False)
-    return NAME
+    look_for_plugins_again()
+    yield NAME
+    look_for_plugins_again()  # without this test's plugin
 
 
 @pytest.fixture
