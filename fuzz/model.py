@@ -407,16 +407,20 @@ def model_positions(n: int, c: dict[str, Any], shapes, cursor: tuple | None = No
     """``(epoch, first position, rows, world)`` per global step of a run
     whose shape changes: ``shapes`` is ``[(world_size, batch_size, steps), ...]``, each
     streaming ``steps`` global steps (None: to the end) from the position where the one
-    before stopped; a cursor with no batch left under the new shape starts the next epoch.
+    before stopped; a cursor with no batch left under the new shape starts the next epoch when
+    the shape takes a step (a shape that takes none leaves it where it was).
     Rank ``r`` of a step takes positions ``first + r + k * world``, ``k < rows``."""
     epoch, position = (0, 0) if cursor is None else cursor[:2]
     for world, batch_size, steps in shapes:
         if model_rows(n, 0, world, batch_size, c["drop_last"]) == 0:
             continue  # no epoch has a batch: nothing streamed, the cursor stays
-        if model_rows(n, position, world, batch_size, c["drop_last"]) == 0:
-            epoch, position = epoch + 1, 0
         taken = 0
-        while epoch < c["epochs"] and (steps is None or taken < steps):
+        while steps is None or taken < steps:
+            rows = model_rows(n, position, world, batch_size, c["drop_last"])
+            at_epoch, at = (epoch, position) if rows else (epoch + 1, 0)
+            if at_epoch >= c["epochs"]:
+                break
+            epoch, position = at_epoch, at
             rows = model_rows(n, position, world, batch_size, c["drop_last"])
             yield epoch, position, rows, world
             taken += 1

@@ -86,6 +86,17 @@ def test_a_staged_mixture_resumed_into_new_shapes_and_schedules_and_seeked_is_th
         (1, 1, 0, 0),
     )
 )
+# Loaded into 3 ranks at position 1 of 3 rows and saved before a step, the state is still
+# position 1 (it was once the next epoch's start, and the 1-rank run resumed from it lost rows).
+@example(
+    run=(
+        [[2, 9]],
+        (1, 1),
+        {"block": 4, "shuffle": False, "seed": 0, "epochs": 2},
+        [(1, 1, 1), (3, 1, 0), (1, 1, 0)],
+        (1, 1, 0, 0),
+    )
+)
 def test_packed_streams_resumed_into_new_shapes_and_seeked_stream_the_global_rows(run):
     guarded(packing_runs.check_packed_run, *run)
 

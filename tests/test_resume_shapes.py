@@ -46,10 +46,14 @@ def oracle_steps(orders, shapes, drop_last: bool) -> list[np.ndarray]:
     for world, batch, count in shapes:
         if rows(0, world, batch) == 0:
             continue  # no epoch has a batch: nothing streamed, the cursor stays
-        if rows(position, world, batch) == 0:
-            epoch, position = epoch + 1, 0
         taken = 0
-        while epoch < len(orders) and (count is None or taken < count):
+        while count is None or taken < count:
+            # A loaded cursor with no batch left for this shape starts the next epoch when the
+            # shape takes a step; until then its state is the loaded one.
+            at_epoch, at = (epoch, position) if rows(position, world, batch) else (epoch + 1, 0)
+            if at_epoch >= len(orders):
+                break
+            epoch, position = at_epoch, at
             used = rows(position, world, batch) * world
             steps.append(orders[epoch][position : position + used])
             taken, position = taken + 1, position + world * batch
@@ -157,9 +161,31 @@ def test_a_state_past_the_new_shapes_last_batch_starts_the_next_epoch():
     assert old.state_dict()["position"] == 9
     new = stream_token_source(tokens, BLOCK, 1, world_size=2, epochs=2, shuffle=False)
     new.load_state_dict(old.state_dict())
+    # Saved before a batch, the state is still the loaded one: one process resumed from it
+    # streams position 9.
+    assert (new.state_dict()["epoch"], new.state_dict()["position"]) == (0, 9)
+    again = stream_token_source(tokens, BLOCK, 1, epochs=2, shuffle=False)
+    again.load_state_dict(new.state_dict())
+    assert next(again)[0][:, 0].tolist() == [9]
     # One position left is two ranks' tail: the run continues with the next epoch.
     assert next(new)[0][:, 0].tolist() == [0]
     assert new.state_dict()["epoch"] == 1
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_state_moved_to_the_next_epoch_is_reported_until_a_batch_is_handed_out(prefetch):
+    tokens = np.arange(10 + BLOCK)
+    old = stream_token_source(tokens, BLOCK, 3, epochs=1, shuffle=False)
+    for _ in range(3):
+        next(old)
+    new = stream_token_source(tokens, BLOCK, 1, world_size=2, shuffle=False, prefetch=prefetch)
+    new.load_state_dict(old.state_dict())
+    # The run's only epoch has no batch left for two ranks: nothing comes, nothing is lost.
+    assert next(new, None) is None
+    assert (new.state_dict()["epoch"], new.state_dict()["position"]) == (0, 9)
+    new.seek(0)
+    assert next(new)[0][:, 0].tolist() == [0]
+    assert (new.state_dict()["epoch"], new.state_dict()["position"]) == (0, 2)
 
 
 def test_a_mixture_resumes_into_any_shape():

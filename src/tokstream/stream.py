@@ -96,6 +96,10 @@ class TokenStream(Iterator[Batch]):
         # The cursor and ring position after the last batch handed out, while a prefetch thread
         # runs ahead of them; None when the live ones are the delivered ones.
         self._delivered: tuple[Cursor, int] | None = None
+        # (the cursor a loaded state held, the next epoch's it was moved to) when the loaded
+        # one had no batch left under this shape: state_dict() reports the loaded one until a
+        # batch is handed out, so a state saved before the first batch drops no rows.
+        self._moved: tuple[Cursor, Cursor] | None = None
 
     # ------------------------------------------------------------------ read-only attributes
 
@@ -305,10 +309,15 @@ class TokenStream(Iterator[Batch]):
         ``world_size`` and ``batch_size`` (a batch-size ramp, a smaller or larger job), the
         ranks continue from the first order position not yet consumed, the global sequence
         unchanged (:mod:`tokstream._order`). ``epochs`` and ``targets`` are not part of it, so
-        a finished run can be extended.
+        a finished run can be extended. A stream that loaded a state with no batch left under
+        its shape (and so starts the next epoch) reports the loaded state until it hands out a
+        batch: a state saved before the first batch loses no positions.
         """
         with self._lock:
-            return _state.encode(self._delivered_cursor(), dict(self._fingerprint), self._options)
+            cursor = self._delivered_cursor()
+            if self._moved is not None and cursor is self._moved[1]:
+                cursor = self._moved[0]
+            return _state.encode(cursor, dict(self._fingerprint), self._options)
 
     def seek(self, step: Any) -> None:
         """Move the cursor to the start of this rank's step ``step`` (0-based from the run's start).
@@ -370,11 +379,13 @@ class TokenStream(Iterator[Batch]):
             self._discard_prefetcher()
             with self._lock:
                 self._drop_caches()
+                loaded, self._moved = cursor, None
                 if not self._order.rows_at(cursor) and self.batches_per_epoch:
                     # The epoch has no batch left at the saved position under this stream's
                     # tail rule (a state from the end of an epoch, or from another world size
                     # or batch size): the run continues with the next epoch.
                     cursor = self._order.next_epoch(cursor)
+                    self._moved = loaded, cursor
                 self._cursor, self._closed, self._delivered = cursor, False, None
 
 
