@@ -1,10 +1,15 @@
-"""What the installed package says about itself: one version, written once."""
+"""What the installed package says about itself: one version, written once; what importing
+it loads."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import numpy as np
 
 import tokstream
 
@@ -22,3 +27,20 @@ def test_the_version_is_written_once_in_pyproject():
     literal = re.compile(rf"""["']{re.escape(version)}["']""")
     for source in (ROOT / "src" / "tokstream").rglob("*.py"):
         assert not literal.search(source.read_text()), f"{source} writes the version again"
+
+
+def test_reading_local_files_imports_neither_asyncio_nor_the_object_store_client(tmp_path):
+    # Every rank and DataLoader worker imports tokstream: the remote client (asyncio, ~0.1 s)
+    # loads with the first URL, not with the package or an open of local files.
+    np.save(tmp_path / "a.npy", np.arange(100, dtype=np.uint16))
+    code = (
+        "import sys, tokstream\n"
+        f"corpus = tokstream.open_tokens({str(tmp_path / '*.npy')!r})\n"
+        "next(tokstream.stream_token_source(corpus, 8, 2))\n"
+        "print(sorted(m for m in ('asyncio', 'tokstream.remote._client', "
+        "'tokstream.remote._session', 'tokstream.remote._open') if m in sys.modules))\n"
+        "from tokstream.remote import RemoteOptions\n"
+        "print(RemoteOptions.__module__)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.splitlines() == ["[]", "tokstream.remote._client"]

@@ -16,8 +16,8 @@ import pytest
 import tokstream
 from tokstream.remote import RemoteOptions, is_url
 from tokstream.remote._memory import remote_tokens_of
-from tokstream.remote._open import split_url
 from tokstream.remote._session import coalesce
+from tokstream.remote._url import split_url
 
 
 class FakeObject:

@@ -13,7 +13,22 @@ windows as from local files: each window's bytes are in memory before the kernel
 
 from __future__ import annotations
 
-from tokstream.remote._client import RemoteNotFoundError, RemoteOptions, RemoteReadError
-from tokstream.remote._open import is_url
+from typing import TYPE_CHECKING, Any
+
+from tokstream.remote._url import is_url
+
+if TYPE_CHECKING:
+    from tokstream.remote._client import RemoteNotFoundError, RemoteOptions, RemoteReadError
 
 __all__ = ["RemoteNotFoundError", "RemoteOptions", "RemoteReadError", "is_url"]
+
+
+def __getattr__(name: str) -> Any:
+    # The client (asyncio, obstore's import hint) loads on first use: the core imports this
+    # package for the few lines that tell a remote array from a local one, and every rank and
+    # DataLoader worker reading local files would pay ~0.1 s for it.
+    if name in {"RemoteNotFoundError", "RemoteOptions", "RemoteReadError"}:
+        from tokstream.remote import _client
+
+        return getattr(_client, name)
+    raise AttributeError(f"module 'tokstream.remote' has no attribute {name!r}")

@@ -36,10 +36,10 @@ from tokstream.remote._open import (
     open_megatron,
     read_whole,
     remote_tokens,
-    split_url,
 )
 from tokstream.remote._resident import AHEAD_PER_GET
 from tokstream.remote._session import Session
+from tokstream.remote._url import split_url
 
 #: The formats a manifest in object storage may list (Arrow files are not read remotely).
 FORMATS = ("npy", "bin", "llmc", "megatron")

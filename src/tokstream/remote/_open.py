@@ -30,27 +30,12 @@ from tokstream.formats._common import Shard, check_length, check_offsets
 from tokstream.remote._client import Client, RemoteNotFoundError, RemoteOptions
 from tokstream.remote._memory import ObjectBytes, tokens_array
 from tokstream.remote._session import Session
+from tokstream.remote._url import split_url
 
-#: URL schemes read from object storage (obstore's: S3, Google Cloud Storage, Azure, HTTP).
-SCHEMES = ("s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https")
-_URL = re.compile(r"^(?:" + "|".join(SCHEMES) + r")://[^/]+", re.IGNORECASE)
 #: Bytes of each file read at open: enough for every header tokstream reads (a .npy header of
 #: a 1-D array is 128 bytes; llm.c's 1024).
 HEAD_BYTES = 4096
 GLOB_CHARS = frozenset("*?[")
-
-
-def is_url(spec: Any) -> bool:
-    """Whether ``spec`` is a URL of object storage (``s3://``, ``gs://``, ``az://``, ...)."""
-    return isinstance(spec, str) and _URL.match(spec) is not None
-
-
-def split_url(url: str) -> tuple[str, str]:
-    """``(root, key)``: ``s3://bucket/a/b.bin`` is ``("s3://bucket", "a/b.bin")``."""
-    match = _URL.match(url)
-    if match is None:
-        raise ValueError(f"{url!r} is not a URL of object storage ({', '.join(SCHEMES)})")
-    return match.group(0), url[match.end() :].lstrip("/")
 
 
 def open_remote(

@@ -15,13 +15,15 @@ from __future__ import annotations
 import concurrent.futures
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tokstream.remote._cache import Pin
 from tokstream.remote._memory import ObjectBytes, remote_tokens_of
-from tokstream.remote._session import Request, Session
+
+if TYPE_CHECKING:  # the sessions (asyncio, the client) load with the first remote corpus
+    from tokstream.remote._session import Request, Session
 
 Futures = Sequence[concurrent.futures.Future[None]]
 
