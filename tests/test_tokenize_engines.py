@@ -28,8 +28,10 @@ from tests.test_tokenize_resume import (
     counts,
     descendants_of,
     killed_and_finished,
+    sigkilled_while_holding,
     start_child,
     wait_for,
+    wait_until_gone,
     write_inputs,
 )
 from tokstream import cli
@@ -230,22 +232,9 @@ def test_an_embedded_ray_ends_with_a_killed_job(tmp_path, tokenizer_file, inputs
     (GCS, raylet, agents, workers) ends by itself soon after (the agents after Ray's 60 s)."""
     pytest.importorskip("ray")
     child = start_child(tokenizer_file, tmp_path / "out", inputs, engine="ray", hold_after=2)
-    try:
-        wait_for(child, "go")
-        wait_for(child, "holding")  # Ray is up and a shard made
-        ray_processes = descendants_of(child.pid)
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-    finally:
-        child.kill()
-        child.wait()
-        child.stdout.close()
-        child.stderr.close()
+    ray_processes = sigkilled_while_holding(child, descendants_of)
     assert len(ray_processes) >= 3, ray_processes  # GCS, raylet, a worker at least
-    deadline = time.monotonic() + 300  # a hang guard
-    while left := [pid for pid in ray_processes if Path(f"/proc/{pid}").exists()]:
-        assert time.monotonic() < deadline, left
-        time.sleep(1)
+    wait_until_gone(ray_processes, 300)
 
 
 def test_ray_finishes_an_interrupted_run_with_the_local_bytes(

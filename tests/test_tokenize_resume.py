@@ -398,10 +398,18 @@ def test_the_largest_ranges_are_made_first(tmp_path, tokenizer_file):
 def test_a_killed_jobs_pool_workers_end_with_it(tmp_path, tokenizer_file, inputs):
     """SIGKILL gives a job no chance to stop its pool: its spawned workers notice and end."""
     child = start_child(tokenizer_file, tmp_path / "out", inputs, workers=2, hold_after=1)
+    workers = sigkilled_while_holding(child, children_of)
+    assert len(workers) >= 2  # the pool's 2 workers (and the resource tracker)
+    wait_until_gone(workers, 120)
+
+
+def sigkilled_while_holding(child: subprocess.Popen, processes_of) -> list[int]:
+    """Once ``child`` (from :func:`start_child` with ``hold_after``) holds, the processes
+    ``processes_of(child.pid)`` finds, then SIGKILL for the child."""
     try:
         wait_for(child, "go")
-        wait_for(child, "holding")  # the pool is up
-        workers = children_of(child.pid)
+        wait_for(child, "holding")  # its workers are up and a shard made
+        processes = processes_of(child.pid)
         child.send_signal(signal.SIGKILL)
         child.wait()
     finally:
@@ -409,10 +417,14 @@ def test_a_killed_jobs_pool_workers_end_with_it(tmp_path, tokenizer_file, inputs
         child.wait()
         child.stdout.close()
         child.stderr.close()
-    assert len(workers) >= 2  # the pool's 2 workers (and the resource tracker)
-    deadline = time.monotonic() + 120  # a hang guard
-    while [pid for pid in workers if Path(f"/proc/{pid}").exists()]:
-        assert time.monotonic() < deadline, workers
+    return processes
+
+
+def wait_until_gone(pids: list[int], seconds: float) -> None:
+    """Return once none of ``pids`` runs; fail after ``seconds`` (a hang guard)."""
+    deadline = time.monotonic() + seconds
+    while left := [pid for pid in pids if Path(f"/proc/{pid}").exists()]:
+        assert time.monotonic() < deadline, left
         time.sleep(0.2)
 
 
