@@ -30,8 +30,8 @@ def test_the_version_is_written_once_in_pyproject():
 
 
 def test_reading_local_files_imports_neither_asyncio_nor_the_object_store_client(tmp_path):
-    # Every rank and DataLoader worker imports tokstream: the remote client (asyncio, ~0.1 s)
-    # loads with the first URL, not with the package or an open of local files.
+    # Every rank and DataLoader worker imports tokstream: the remote client (asyncio, tens of
+    # milliseconds) loads with the first URL, not with the package or an open of local files.
     np.save(tmp_path / "a.npy", np.arange(100, dtype=np.uint16))
     code = (
         "import sys, tokstream\n"

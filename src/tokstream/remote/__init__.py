@@ -24,9 +24,9 @@ __all__ = ["RemoteNotFoundError", "RemoteOptions", "RemoteReadError", "is_url"]
 
 
 def __getattr__(name: str) -> Any:
-    # The client (asyncio, obstore's import hint) loads on first use: the core imports this
-    # package for the few lines that tell a remote array from a local one, and every rank and
-    # DataLoader worker reading local files would pay ~0.1 s for it.
+    # The client (asyncio among its imports) loads on first use: the core imports this package
+    # for the few lines that tell a remote array from a local one, and every rank and
+    # DataLoader worker reading local files would pay tens of milliseconds for it.
     if name in {"RemoteNotFoundError", "RemoteOptions", "RemoteReadError"}:
         from tokstream.remote import _client
 
