@@ -1,6 +1,7 @@
 """What ``out_dtype="int32"`` gains over the default int64 batches, as ratios in one process.
 
-``python benchmarks/out_dtype.py [--tokens N] [--rounds R] [--batches K] [--cases A,B]``
+``python benchmarks/out_dtype.py [--tokens N] [--rounds R] [--batches K] [--cases A,B]
+[--shapes 1024x64,128x512]``
 
 The documents corpus of ``documents_ratios.py`` (10,000,000 seeded ids below 50257 as uint16
 and as int64, cut into recorded documents of exponential lengths, mean 2,000). Every stream is
@@ -120,7 +121,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--cases", default=",".join(name for name, _ in CASES))
     parser.add_argument("--no-floor", dest="floor", action="store_false")
+    parser.add_argument(
+        "--shapes",
+        default=",".join(f"{block}x{batch}" for block, batch in SHAPES),
+        help="block x batch size of each stream, comma-separated",
+    )
     args = parser.parse_args(argv)
+    try:
+        shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
+    except ValueError:
+        parser.error(f"--shapes takes BLOCKxBATCH pairs like 1024x64, got {args.shapes!r}")
+    if any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
+        parser.error(f"--shapes takes BLOCKxBATCH pairs of positive sizes, got {args.shapes!r}")
     wanted = args.cases.split(",")
     print(
         f"{args.tokens:,} tokens in documents of mean 2,000, shuffled, implicit, "
@@ -135,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     for dtype in DTYPES:
         corpus = documents_corpus(args.tokens, dtype)
         ids = flat_tokens(corpus) if args.floor else None
-        for block, batch_size in SHAPES:
+        for block, batch_size in shapes:
             distance = best_c_loop_distance(ids, block, batch_size) if ids is not None else 0
             for name, options in CASES:
                 if name not in wanted:
