@@ -96,9 +96,8 @@ class TokenStream(Iterator[Batch]):
         # The cursor and ring position after the last batch handed out, while a prefetch thread
         # runs ahead of them; None when the live ones are the delivered ones.
         self._delivered: tuple[Cursor, int] | None = None
-        # (the cursor a loaded state held, the next epoch's it was moved to) when the loaded
-        # one had no batch left under this shape: state_dict() reports the loaded one until a
-        # batch is handed out, so a state saved before the first batch drops no rows.
+        # (a loaded cursor, the next epoch's it moved to) when the loaded one had no batch left
+        # under this shape: state_dict() reports the loaded one until a batch is handed out.
         self._moved: tuple[Cursor, Cursor] | None = None
 
     # ------------------------------------------------------------------ read-only attributes
@@ -309,9 +308,8 @@ class TokenStream(Iterator[Batch]):
         ``world_size`` and ``batch_size`` (a batch-size ramp, a smaller or larger job), the
         ranks continue from the first order position not yet consumed, the global sequence
         unchanged (:mod:`tokstream._order`). ``epochs`` and ``targets`` are not part of it, so
-        a finished run can be extended. A stream that loaded a state with no batch left under
-        its shape (and so starts the next epoch) reports the loaded state until it hands out a
-        batch: a state saved before the first batch loses no positions.
+        a finished run can be extended. A loaded state with no batch left under this shape is
+        reported as loaded until a batch is handed out, so saving it again loses no position.
         """
         with self._lock:
             cursor = self._delivered_cursor()
@@ -341,11 +339,8 @@ class TokenStream(Iterator[Batch]):
         """
         step = _validate.nonnegative_int(step, "step")
         per_epoch = self.batches_per_epoch
-        epochs = self._options.epochs
-        if per_epoch:
-            epoch, batch = divmod(min(step, epochs * per_epoch), per_epoch)
-        else:
-            epoch, batch = 0, 0
+        last = self._options.epochs * per_epoch
+        epoch, batch = divmod(min(step, last), per_epoch) if per_epoch else (0, 0)
         with self._deliver_lock:
             self._discard_prefetcher()
             with self._lock:
@@ -379,13 +374,12 @@ class TokenStream(Iterator[Batch]):
             self._discard_prefetcher()
             with self._lock:
                 self._drop_caches()
-                loaded, self._moved = cursor, None
+                self._moved = None
                 if not self._order.rows_at(cursor) and self.batches_per_epoch:
-                    # The epoch has no batch left at the saved position under this stream's
-                    # tail rule (a state from the end of an epoch, or from another world size
-                    # or batch size): the run continues with the next epoch.
-                    cursor = self._order.next_epoch(cursor)
-                    self._moved = loaded, cursor
+                    # No batch left at the saved position under this stream's tail rule (the
+                    # end of an epoch, another shape): the run continues with the next epoch.
+                    self._moved = cursor, self._order.next_epoch(cursor)
+                    cursor = self._moved[1]
                 self._cursor, self._closed, self._delivered = cursor, False, None
 
 
