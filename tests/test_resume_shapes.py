@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fuzz.model import model_positions
 from tokstream import mix, stream_token_source
 
 BLOCK = 2
@@ -34,32 +35,13 @@ def epoch_orders(source: Any, epochs: int, **controls: Any) -> list[np.ndarray]:
 def oracle_steps(orders, shapes, drop_last: bool) -> list[np.ndarray]:
     """The global steps (window indices in position order) of a run that streams ``steps``
     global steps with each ``(world_size, batch_size, steps)`` of ``shapes`` in turn (None: to
-    the end), written from the contract in plain Python."""
-    n = len(orders[0])
-
-    def rows(position, world, batch):
-        left = max(0, n - position) // world
-        count = min(batch, left)
-        return 0 if drop_last and count < batch else count
-
-    epoch, position, steps = 0, 0, []
-    for world, batch, count in shapes:
-        if rows(0, world, batch) == 0:
-            continue  # no epoch has a batch: nothing streamed, the cursor stays
-        taken = 0
-        while count is None or taken < count:
-            # A loaded cursor with no batch left for this shape starts the next epoch when the
-            # shape takes a step; until then its state is the loaded one.
-            at_epoch, at = (epoch, position) if rows(position, world, batch) else (epoch + 1, 0)
-            if at_epoch >= len(orders):
-                break
-            epoch, position = at_epoch, at
-            used = rows(position, world, batch) * world
-            steps.append(orders[epoch][position : position + used])
-            taken, position = taken + 1, position + world * batch
-            if rows(position, world, batch) == 0:
-                epoch, position = epoch + 1, 0
-    return steps
+    the end): the positions the fuzz model's rule gives (:func:`fuzz.model.model_positions`),
+    read off each epoch's order."""
+    controls = {"drop_last": drop_last, "epochs": len(orders)}
+    return [
+        orders[epoch][first : first + rows * world]
+        for epoch, first, rows, world in model_positions(len(orders[0]), controls, shapes)
+    ]
 
 
 def run_shapes(source: Any, shapes, **controls: Any) -> list[np.ndarray]:
