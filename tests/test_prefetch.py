@@ -13,7 +13,7 @@ import weakref
 import numpy as np
 import pytest
 
-from tokstream import reference, stream_token_source
+from tokstream import _prefetch, reference, stream_token_source
 
 IDS = np.random.default_rng(0).integers(0, 50257, 5000).astype(np.uint16)
 
@@ -222,80 +222,95 @@ def test_a_reused_batch_stays_intact_until_the_caller_has_received_k_more(reuse,
     assert i == len(expected) - 1
 
 
-def interrupt_prefetch_thread_starts(monkeypatch, times: int = 1) -> None:
-    """Make the next ``times`` prefetch thread starts raise KeyboardInterrupt once started, as
-    a Ctrl-C landing in ``Thread.start`` (while it waits for the new thread) does."""
-    real_start = threading.Thread.start
-    left = {"n": times}
+def interrupt_prefetch_thread_starts(monkeypatch, when: str, starter=None) -> None:
+    """Make the next prefetch thread start raise KeyboardInterrupt ``when`` ("before" or
+    "after") it launches the thread that starts the prefetch thread, as a Ctrl-C landing on the
+    line before or after does. ``starter(start)`` wraps what that thread runs."""
+    real = _prefetch.start_new_thread
 
-    def start(thread):
-        real_start(thread)
-        if thread.name == "tokstream-prefetch" and left["n"] > 0:
-            left["n"] -= 1
+    def launch(function, args):
+        monkeypatch.setattr(_prefetch, "start_new_thread", real)  # only this one
+        if when == "after":
+            real(function if starter is None else starter(function), args)
             time.sleep(0.05)  # the new thread is running: it must not produce anything
-            raise KeyboardInterrupt
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(threading.Thread, "start", start)
+    monkeypatch.setattr(_prefetch, "start_new_thread", launch)
 
 
-def test_ctrl_c_inside_the_prefetch_threads_start_orphans_nothing_and_skips_nothing(monkeypatch):
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_ctrl_c_around_the_prefetch_threads_start_orphans_nothing_and_skips_nothing(
+    monkeypatch, when
+):
     expected = batches_of(stream_token_source(IDS, 8, 64, epochs=2, seed=4))
     stream = stream_token_source(IDS, 8, 64, epochs=2, seed=4, prefetch=3)
-    interrupt_prefetch_thread_starts(monkeypatch)
+    interrupt_prefetch_thread_starts(monkeypatch, when)
     with pytest.raises(KeyboardInterrupt):
         next(stream)
-    assert prefetch_threads() == []
+    wait_for_no_prefetch_threads()
     assert stream.state_dict()["position"] == 0
     assert call_within(lambda: batches_of(stream)) == expected
     stream.close()
     assert prefetch_threads() == []
 
 
-def test_ctrl_c_inside_start_gives_up_on_a_thread_stuck_before_it_runs(monkeypatch):
-    # A Ctrl-C inside CPython's own wait in Thread.start can leave that Event's lock held, and
-    # the new thread then blocks in its bootstrap for good (seen under a stress of interrupts):
-    # simulated by a thread whose target never returns. Waiting for it without a bound hung.
+def test_ctrl_c_after_the_start_does_not_wait_for_a_thread_that_has_not_run_yet(monkeypatch):
+    # The thread that starts the prefetch thread has not run when the interrupt lands (here it
+    # waits for an Event): the stream goes on without waiting for it, and the prefetch thread,
+    # once it runs, sees the stop and ends having produced nothing.
     expected = batches_of(stream_token_source(IDS, 8, 64, epochs=2, seed=4))
     stream = stream_token_source(IDS, 8, 64, epochs=2, seed=4, prefetch=3)
-    real_start, stuck = threading.Thread.start, threading.Event()
+    late = threading.Event()
 
-    def start(thread):
-        if thread.name != "tokstream-prefetch":
-            return real_start(thread)
-        monkeypatch.setattr(threading.Thread, "start", real_start)  # only this one
-        thread._target, thread._args = stuck.wait, ()
-        real_start(thread)
-        raise KeyboardInterrupt
+    def starter(start):
+        return lambda thread: (late.wait(), start(thread))
 
-    monkeypatch.setattr(threading.Thread, "start", start)
+    interrupt_prefetch_thread_starts(monkeypatch, "after", starter)
     with pytest.raises(KeyboardInterrupt):
         call_within(lambda: next(stream))
     assert stream.state_dict()["position"] == 0
     assert call_within(lambda: batches_of(stream)) == expected
     stream.close()
-    stuck.set()
+    late.set()
     wait_for_no_prefetch_threads()
 
 
-def test_ctrl_c_inside_start_is_raised_as_itself_not_as_cpythons_double_release(monkeypatch):
-    # Interrupted inside its Event's wait, Thread.start's cleanup released that lock twice and
-    # raised RuntimeError("release unlocked lock") with the KeyboardInterrupt as its context.
+def test_thread_start_never_runs_in_the_consumers_thread(monkeypatch):
+    # CPython's Thread.start waits on an Event: a Ctrl-C landing in that wait could leave the
+    # Event's lock held (the new thread then blocked in its bootstrap for good, listed by
+    # threading.enumerate(): seen once in CI under a stress of interrupts) or release it twice
+    # ("RuntimeError: release unlocked lock"). No signal handler runs outside the main thread.
+    real_start, starters = threading.Thread.start, []
+
+    def start(thread):
+        if thread.name == "tokstream-prefetch":
+            starters.append(threading.current_thread())
+        return real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    stream = stream_token_source(IDS, 8, 64, epochs=2, seed=4, prefetch=3)
+    state = stream.state_dict()
+    next(stream)
+    stream.load_state_dict(state)  # a restart
+    next(stream)
+    stream.close()
+    assert len(starters) == 2
+    assert threading.main_thread() not in starters
+
+
+def test_a_thread_that_cannot_start_is_an_error_of_the_next_call_which_retries(monkeypatch):
     expected = batches_of(stream_token_source(IDS, 8, 64, epochs=2, seed=4))
     stream = stream_token_source(IDS, 8, 64, epochs=2, seed=4, prefetch=3)
     real_start = threading.Thread.start
 
     def start(thread):
         monkeypatch.setattr(threading.Thread, "start", real_start)
-        real_start(thread)
-        try:
-            raise KeyboardInterrupt
-        except KeyboardInterrupt:
-            raise RuntimeError("release unlocked lock")  # noqa: B904 (as CPython does)
+        raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(threading.Thread, "start", start)
-    with pytest.raises(KeyboardInterrupt):
-        next(stream)
-    assert batches_of(stream) == expected
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        call_within(lambda: next(stream))
+    assert call_within(lambda: batches_of(stream)) == expected
     stream.close()
     wait_for_no_prefetch_threads()
 

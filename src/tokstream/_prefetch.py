@@ -5,9 +5,10 @@ with the consumer's training step. The thread holds only a weak reference to its
 stream): a stream dropped mid-epoch is collected, and its thread notices within one poll interval
 and exits. An exception in the producer is handed to the consumer, in order, as the next result.
 
-Interrupts and forks. A ``KeyboardInterrupt`` can land on any line, including inside
-``Thread.start``; the thread therefore produces nothing until the start has returned, and a start
-that did not complete stops the thread and marks the prefetcher :attr:`~Prefetcher.stopped`. A
+Interrupts and forks. A ``KeyboardInterrupt`` can land on any line of the consumer's thread, so
+``Thread.start`` (which an interrupt can break) runs in a short-lived thread of its own; the
+prefetch thread produces nothing until the start has returned, and a start that did not complete
+stops the thread and marks the prefetcher :attr:`~Prefetcher.stopped`. A
 child process forked after the thread started has the parent's queue but not its thread: every
 such prefetcher is marked :attr:`~Prefetcher.orphaned` in the child, and its owner's ``on_fork``
 runs there first (the owner's locks may have been held by the vanished thread). The owner
@@ -23,6 +24,7 @@ import os
 import queue
 import threading
 import weakref
+from _thread import start_new_thread
 from collections.abc import Callable
 from typing import Any
 
@@ -156,23 +158,30 @@ class Prefetcher:
             name="tokstream-prefetch",
             daemon=True,
         )
+        self._thread = thread
         try:
-            self._thread = thread
-            thread.start()
             _STARTED.add(self)
+            # Thread.start waits on an Event for the new thread. In the main thread a Ctrl-C
+            # landing in that wait could leave the Event's lock held (the new thread then
+            # blocked in its bootstrap for good, listed by threading.enumerate()) or release it
+            # twice. A thread of its own starts it instead, where no signal handler runs; and
+            # start_new_thread is one call, which an interrupt lands before or after.
+            start_new_thread(self._start_thread, (thread,))
             _wake(self._go)  # the thread produces nothing before this
-        except BaseException as error:
-            # Interrupted inside Thread.start (or just after): the thread must not run on
-            # unseen. It may have produced at most what the owner's rewind undoes.
+        except BaseException:
+            # Interrupted just before or after: the thread must not run on unseen (told to
+            # stop, it produces nothing). It may have produced at most what the owner's rewind
+            # undoes.
             self.stop()
             self._join()
-            interrupt = error.__context__
-            double_release = type(error) is RuntimeError and str(error) == "release unlocked lock"
-            if double_release and interrupt is not None:
-                # The interrupt landed in Thread.start's own Event wait, whose cleanup then
-                # released its lock twice: the caller gets the interrupt, not that slip.
-                raise interrupt from None
             raise
+
+    def _start_thread(self, thread: threading.Thread) -> None:
+        try:
+            thread.start()
+        except BaseException as error:  # no thread ("can't start new thread"): the consumer's
+            self._handoff.put(_Failure(error), _POLL_SECONDS)
+            self._exited = True
 
     def _run(self) -> None:
         """The thread: produce until stopped, the end, a failure, or the owner is collected."""
@@ -250,13 +259,8 @@ class Prefetcher:
         self._finished = True
 
     def _join(self) -> None:
-        """Wait for the stopped thread to end, unless it has not run any of this module yet.
-
-        Such a thread ends as soon as it does (told to stop, it produces nothing), and may
-        never: landing inside CPython's own wait in ``Thread.start``, an interrupt can leave
-        that Event's lock held, and the new thread then blocks in its bootstrap for good (a
-        daemon; seen under a stress of interrupts). Waiting for it hung.
-        """
+        """Wait for the stopped thread to end, unless it has not run any of this module yet:
+        such a thread ends as soon as it does (told to stop, it produces nothing)."""
         thread = self._thread
         if thread is None or not self._entered:
             return
