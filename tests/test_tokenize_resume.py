@@ -403,6 +403,22 @@ def test_a_killed_jobs_pool_workers_end_with_it(tmp_path, tokenizer_file, inputs
     wait_until_gone(workers, 120)
 
 
+def test_a_pool_worker_that_starts_after_its_job_died_ends_before_any_task():
+    """Spawned just before its job was killed, a worker starts adopted by another process: it
+    must not take that one for its job and run a task the dead job queued (a shard's temporary
+    file was left behind after a rerun's clean-up, once in 10 kill trials)."""
+    start = (
+        "import os, sys; from tokstream.tokenize import engines; "
+        "engines._start_worker('no tokenizer', None, int(sys.argv[1])); print('started')"
+    )
+    # Its job is this process, or (adopted) another one.
+    for job, code, printed in [(os.getpid(), 0, "started\n"), (os.getppid(), 1, "")]:
+        ran = subprocess.run(
+            [sys.executable, "-c", start, str(job)], capture_output=True, text=True, timeout=120
+        )
+        assert (ran.returncode, ran.stdout) == (code, printed), ran.stderr
+
+
 def sigkilled_while_holding(child: subprocess.Popen, processes_of) -> list[int]:
     """Once ``child`` (from :func:`start_child` with ``hold_after``) holds, the processes
     ``processes_of(child.pid)`` finds, then SIGKILL for the child."""

@@ -88,7 +88,10 @@ def start(
     context = multiprocessing.get_context("spawn")
     updates: multiprocessing.queues.SimpleQueue[Update] = context.SimpleQueue()
     pool = concurrent.futures.ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_start_worker, initargs=(encoder.spec, updates)
+        workers,
+        mp_context=context,
+        initializer=_start_worker,
+        initargs=(encoder.spec, updates, os.getpid()),
     )
     stack.push(lambda error, *_: _stop_pool(pool, error is not None))
     # The pool spawns a worker for each item submitted while none is idle: one each starts them
@@ -153,12 +156,22 @@ _updates: multiprocessing.queues.SimpleQueue[Update] | None = None
 _job = 0
 
 
-def _start_worker(tokenizer: str, updates: multiprocessing.queues.SimpleQueue[Update]) -> None:
+def _start_worker(
+    tokenizer: str, updates: multiprocessing.queues.SimpleQueue[Update] | None, job: int
+) -> None:
     """A pool worker's start: the progress queue kept, the tokenizer loaded before any task,
-    and a thread that ends the worker when its job's process ends, however it ends."""
+    and a thread that ends the worker when its job's process ``job`` ends, however it ends.
+
+    A worker spawned just before its job was killed starts with another parent (the process
+    that adopted it): it ends at once. Asked then, ``os.getppid()`` would name that adopter as
+    the job, and the worker would run a task its dead job had queued into a directory a new
+    run may own by now (a shard's temporary file was seen left behind after such a rerun).
+    """
     global _updates, _job
+    if os.getppid() != job:
+        os._exit(1)
     _updates = updates
-    _job = os.getppid()
+    _job = job
     parent = multiprocessing.parent_process()
     if parent is not None:
         threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
