@@ -31,7 +31,7 @@ STREAMS = [
 
 def stream(corpus, **options):
     options = {"epochs": 2, **options}
-    return tokstream.stream_token_source(corpus, 16, 8, **options)
+    return tokstream.stream_token_source(corpus, 16, 32, **options)
 
 
 @pytest.fixture(params=["npy", "bin", "llmc", "megatron-glob", "tokenized"])
