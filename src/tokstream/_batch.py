@@ -39,8 +39,8 @@ from tokstream.remote._resident import Residency
 #: int, beside ``"cu_seqlens"``).
 Batch: TypeAlias = tuple[np.ndarray, np.ndarray] | dict[str, np.ndarray | int]
 
-#: Where :func:`document_pieces` writes nothing: it only counts.
-_NO_PIECES = np.empty(0, np.int32)
+#: The pieces a row may have for ``"cu_seqlens"`` to be found in one pass (see assemble).
+_PIECES_A_ROW = 4
 
 
 def new_buffers(options: StreamOptions, rows: int) -> dict[str, np.ndarray]:
@@ -432,9 +432,15 @@ def assemble(buffers: dict[str, np.ndarray], extras: tuple[str, ...]) -> Batch:
         continues = buffers["label_continues"].view(np.bool_)
         batch["loss_mask"] = continues[:, 0] if buffers["labels"].ndim == 1 else continues
     if "cu_seqlens" in extras:
-        pieces, longest = document_pieces(positions, _NO_PIECES)
-        cu_seqlens = np.empty(pieces + 1, np.int32)
-        document_pieces(positions, cu_seqlens[:-1])
+        # One pass while the batch has at most a few pieces a row (the common case); else a
+        # second, into an array of the size the first one counted.
+        cu_seqlens = np.empty(positions.shape[0] * _PIECES_A_ROW + 1, np.int32)
+        pieces, longest = document_pieces(positions, cu_seqlens[:-1])
+        if pieces < cu_seqlens.size:
+            cu_seqlens = cu_seqlens[: pieces + 1]
+        else:
+            cu_seqlens = np.empty(pieces + 1, np.int32)
+            document_pieces(positions, cu_seqlens[:-1])
         cu_seqlens[-1] = positions.size
         batch["cu_seqlens"] = cu_seqlens
         batch["max_seqlen"] = longest
