@@ -244,10 +244,7 @@ def test_thousands_of_interrupts_anywhere_in_a_prefetching_next_never_break_the_
     assert skipped <= interrupts
     # A prefetcher an interrupt made the stream discard before it joined its thread: the
     # thread sees the stop within a poll interval and ends.
-    deadline = time.monotonic() + 10
-    while prefetch_threads() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not prefetch_threads()
+    assert_no_prefetch_thread_within(10)
 
 
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs POSIX interval timers")
@@ -286,10 +283,7 @@ def test_interrupts_landing_in_the_prefetch_threads_start_leave_no_thread_behind
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert interrupts > 1_900  # the ones swallowed by a finalizer are Python's, not ours
-    deadline = time.monotonic() + 10
-    while prefetch_threads() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not prefetch_threads()
+    assert_no_prefetch_thread_within(10)
 
 
 def digest(batch) -> bytes:
@@ -358,6 +352,14 @@ def test_no_stream_starts_or_leaves_behind_a_thread():
 
 def prefetch_threads():
     return [t for t in threading.enumerate() if t.name.startswith("tokstream")]
+
+
+def assert_no_prefetch_thread_within(seconds: float) -> None:
+    """Fail unless every prefetch thread has ended within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while prefetch_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not prefetch_threads()
 
 
 def test_closing_a_prefetching_stream_mid_epoch_stops_and_joins_its_thread():
