@@ -22,11 +22,21 @@ per-batch bookkeeping, at the best software-prefetch distance of
 the bytes buys on this machine, the most the stream's ratio can reach: where the floor's ratio is
 below 1.3, so is every implementation's.
 
-Last, ``us64`` and ``us32``: the stream's CPU microseconds a batch beyond its floor's, int64
+Then ``us64`` and ``us32``: the stream's CPU microseconds a batch beyond its floor's, int64
 and int32 batches: the work the floor does not do (the order, each row's window and documents,
 the extras' logic, the Python around the kernel call). Where the two are equal, that work costs
 the same in both dtypes, the stream copies as fast as its floor, and its ratio is the floor's
 with that many microseconds added to both sides.
+
+Last, for the cross and within cases, the *document floor* (``docs``, its int32/int64 ratio by
+CPU time, then ``ud64`` and ``ud32``, the stream's microseconds a batch beyond it): the same
+plain C loop doing the whole work of such a batch
+(:func:`tokstream.bench._loop.copy_document_rows`): each row's documents found (a search from
+a table of buckets, a step or two), the position ids, mask and piece numbers restarting at
+every document start, and ``cu_seqlens``, in one call a batch, with no order to keep and
+nothing to check. Its ratio is what halving the output bytes buys a plain implementation of
+these batches on this machine; the stream's microseconds beyond it are its per-batch
+bookkeeping (the keyed order, locating, the buffers and the dict).
 
 Rounds of all sides alternate, so drift on a shared machine hits them alike; each figure is the
 median over ``--rounds`` rounds of ``--batches`` batches (first batches drawn untimed). Printed:
@@ -53,6 +63,8 @@ from tokstream.bench.baselines import best_c_loop_distance
 
 EXTRAS = ("position_ids", "loss_mask", "cu_seqlens", "document_ids")
 TARGET = 1.3
+#: The cases :class:`DocumentFloor` does the work of.
+DOCUMENT_FLOORS = ("cross+extras", "within+extras")
 
 #: Each case: its name and the stream options both sides share.
 CASES: list[tuple[str, dict[str, Any]]] = [
@@ -89,6 +101,39 @@ class CopyFloor:
     def __call__(self) -> None:
         starts = self.rng.integers(0, self.starts_below, self.batch_size)
         _loop.copy_rows(self.ids, starts, self.inputs, self.labels, *self.extras, self.distance)
+
+
+class DocumentFloor(CopyFloor):
+    """The whole batch of a document stream written by a plain C loop: :class:`CopyFloor` plus
+    each row's documents found (a table-guided search), the extras restarting at every document
+    start (across) or one piece a row (within), and ``cu_seqlens`` (see the module doc)."""
+
+    def __init__(
+        self,
+        ids: np.ndarray,
+        lengths: np.ndarray,
+        block: int,
+        batch_size: int,
+        out: str,
+        within: bool,
+        distance: int,
+    ) -> None:
+        super().__init__(ids, block, batch_size, out, True, distance)
+        self.documents = _loop.Documents(ids, lengths, block, within)
+        self.starts_below = self.documents.windows
+        self.cu_seqlens = np.empty(batch_size * block + 1, np.int32)
+
+    def __call__(self) -> None:
+        starts = self.rng.integers(0, self.starts_below, self.batch_size)
+        _loop.copy_document_rows(
+            self.documents,
+            starts,
+            self.inputs,
+            self.labels,
+            *self.extras,
+            self.cu_seqlens,
+            self.distance,
+        )
 
 
 def measure(
@@ -142,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"{'dtype':6} {'block':>5} {'batch':>5} {'case':14} {'int64':>7} {'int32':>7} "
         f"{'wall':>5} {'cpu':>5} {'floor64':>8} {'floor32':>8} {'wall':>5} {'cpu':>5} "
-        f"{'us64':>5} {'us32':>5}"
+        f"{'us64':>5} {'us32':>5} {'docs':>5} {'ud64':>5} {'ud32':>5}"
     )
     for dtype in DTYPES:
         corpus = documents_corpus(args.tokens, dtype)
@@ -163,6 +208,16 @@ def main(argv: list[str] | None = None) -> None:
                         sides[f"floor {out}"] = CopyFloor(
                             ids, block, batch_size, out, "extras" in options, distance
                         )
+                        if name in DOCUMENT_FLOORS:
+                            sides[f"docs {out}"] = DocumentFloor(
+                                ids,
+                                corpus.document_lengths,
+                                block,
+                                batch_size,
+                                out,
+                                name == "within+extras",
+                                distance,
+                            )
                 seconds, cpu = measure(sides, args.rounds, args.batches)
                 rate = {k: batch_size * block / s / 1e6 for k, s in seconds.items()}
                 ratio = seconds["int64"] / seconds["int32"]
@@ -179,6 +234,15 @@ def main(argv: list[str] | None = None) -> None:
                         f"{cpu['floor int64'] / cpu['floor int32']:5.2f} "
                         f"{beyond[0]:5.0f} {beyond[1]:5.0f}"
                     )
+                    if name in DOCUMENT_FLOORS:
+                        # The document floor's ratio, and the stream's time beyond it.
+                        beyond = [
+                            (cpu[out] - cpu[f"docs {out}"]) * 1e6 for out in ("int64", "int32")
+                        ]
+                        line += (
+                            f" {cpu['docs int64'] / cpu['docs int32']:5.2f} "
+                            f"{beyond[0]:5.0f} {beyond[1]:5.0f}"
+                        )
                 if name != "plain" and ratio < TARGET:
                     line += "  below 1.3"
                 print(line, flush=True)

@@ -130,6 +130,127 @@ def test_c_rows_floor_refuses_windows_outside_the_tokens_and_mismatched_buffers(
     _loop.copy_rows(tokens, np.array([91, 0, 0, 0]), *_rows(extras=False).values(), 0)
 
 
+EXTRAS = ("position_ids", "loss_mask", "cu_seqlens", "document_ids")
+
+
+def _document_rows(documents: _loop.Documents, starts, out: str, distance: int = 0) -> dict:
+    """The batch copy_document_rows writes for window numbers starts, by the stream's names."""
+    count, block = len(starts), documents.block
+    rows = {
+        "input_ids": np.full((count, block), -1, out),
+        "labels": np.full((count, block), -1, out),
+        "position_ids": np.full((count, block), -1, out),
+        "loss_mask": np.full((count, block), 7, np.uint8),
+        "document_ids": np.full((count, block), -1, np.int32),
+    }
+    cu_seqlens = np.full(count * block + 1, -1, np.int32)
+    written, longest = _loop.copy_document_rows(
+        documents, np.asarray(starts, np.int64), *rows.values(), cu_seqlens, distance
+    )
+    rows["loss_mask"] = rows["loss_mask"].view(bool)
+    return {**rows, "cu_seqlens": cu_seqlens[:written], "max_seqlen": longest}
+
+
+@pytest.mark.parametrize("windows", ["cross", "within"])
+@pytest.mark.parametrize("out", ["int32", "int64"])
+@pytest.mark.parametrize("dtype", ["uint16", "int64", "int8"])
+def test_c_document_floor_writes_the_document_streams_batch(windows, out, dtype):
+    # The stream, unshuffled with stride 1, yields windows 0, 1, 2, ... of its space: the floor
+    # given those numbers writes the same batch, over layouts with empty documents, documents
+    # shorter and longer than a window, one document, documents exactly block + 1 long.
+    rng = np.random.default_rng(5)
+    layouts = [[40], [9] * 6, [0, 0, 12, 0, 3, 30, 0]]
+    layouts += [list(rng.integers(0, 30, rng.integers(1, 30))) for _ in range(20)]
+    for lengths in layouts:
+        ids = _corpus(sum(lengths), dtype, seed=len(lengths)) % 100
+        for block in (1, 3, 8):
+            documents = _loop.Documents(ids, lengths, block, windows == "within")
+            if documents.windows == 0:
+                continue
+            corpus = tokstream.Corpus.from_documents(np.split(ids, np.cumsum(lengths)[:-1]))
+            batch_size = min(documents.windows, 6)
+            stream = tokstream.stream_token_source(
+                corpus,
+                block,
+                batch_size,
+                shuffle=False,
+                targets="shifted",
+                extras=EXTRAS,
+                windows=windows,
+                out_dtype=out,
+            )
+            expected = next(stream)
+            got = _document_rows(documents, range(batch_size), out, distance=2)
+            assert got.keys() == expected.keys()
+            for name, value in expected.items():
+                np.testing.assert_array_equal(got[name], value, err_msg=f"{lengths} {name}")
+
+
+def test_c_document_floor_restarts_the_extras_at_every_document_start():
+    # Documents [0 1 2] [] [3 4 5 6 7 8]; window 1 of block 4 across them: 1 2 | 3 4.
+    documents = _loop.Documents(np.arange(9, dtype=np.uint16), [3, 0, 6], 4, within=False)
+    got = _document_rows(documents, [1, 4], "int64")
+    assert got["input_ids"].tolist() == [[1, 2, 3, 4], [4, 5, 6, 7]]
+    assert got["position_ids"].tolist() == [[0, 1, 0, 1], [0, 1, 2, 3]]
+    assert got["document_ids"].tolist() == [[0, 0, 1, 1], [0, 0, 0, 0]]
+    assert got["loss_mask"].tolist() == [[True, False, True, True], [True] * 4]
+    assert got["cu_seqlens"].tolist() == [0, 2, 4, 8] and got["max_seqlen"] == 4
+    # Within documents: only document 2 holds windows of 5 tokens, numbered 0 and 1.
+    documents = _loop.Documents(np.arange(9, dtype=np.uint16), [3, 0, 6], 4, within=True)
+    assert documents.windows == 2
+    got = _document_rows(documents, [1, 0], "int32")
+    assert got["input_ids"].tolist() == [[4, 5, 6, 7], [3, 4, 5, 6]]
+    assert got["cu_seqlens"].tolist() == [0, 4, 8] and not got["document_ids"].any()
+
+
+@pytest.mark.parametrize(
+    ("tokens", "lengths", "block", "error", "message"),
+    [
+        (np.arange(10), [4, 6], 0, ValueError, "block"),
+        (np.arange(10), [4, 5], 3, ValueError, "add up"),
+        (np.arange(10), [12, -2], 3, ValueError, ">= 0"),
+        (np.arange(10), [], 3, ValueError, "non-empty"),
+        (np.arange(10), [[4, 6]], 3, ValueError, "non-empty"),
+        (np.arange(10), [4.0, 6.0], 3, ValueError, "integers"),
+        (np.arange(10).reshape(2, 5), [10], 3, ValueError, "one-dimensional"),
+        (np.arange(10.0), [10], 3, TypeError, "integers"),
+    ],
+)
+def test_c_document_floor_refuses_bad_documents(tokens, lengths, block, error, message):
+    with pytest.raises(error, match=message):
+        _loop.Documents(tokens, lengths, block, within=False)
+
+
+@pytest.mark.parametrize(
+    ("starts", "within", "change", "message"),
+    [
+        ([0, 1, 6, 2], False, {}, "not below"),  # 6 windows of 4 tokens in 10 (5 tokens each)
+        ([0, -1, 2, 3], False, {}, "not below"),
+        ([0, 1, 2, 3], True, {}, "not below"),  # within: windows 0 and 1 only
+        ([0, 1, 2], False, {}, "must be"),
+        ([0, 1, 2, 3], False, {"labels": np.zeros((4, 3), np.int32)}, "must be"),
+        ([0, 1, 2, 3], False, {"cu_seqlens": np.zeros(16, np.int32)}, "cu_seqlens"),
+    ],
+)
+def test_c_document_floor_refuses_windows_outside_and_writes_nothing(
+    starts, within, change, message
+):
+    documents = _loop.Documents(np.arange(10, dtype=np.int64), [4, 6], 4, within=within)
+    buffers = {
+        **_rows(count=4, block=4),
+        "cu_seqlens": np.zeros(17, np.int32),
+        **change,
+    }
+    before = {name: b.copy() for name, b in buffers.items()}
+    with pytest.raises(ValueError, match=message):
+        _loop.copy_document_rows(documents, np.asarray(starts, np.int64), *buffers.values(), 0)
+    for name, buffer in buffers.items():
+        np.testing.assert_array_equal(buffer, before[name])
+    # Its attributes are read-only: nothing can widen the windows the loop trusts.
+    with pytest.raises(AttributeError):
+        documents.windows = 10**9  # type: ignore[misc]
+
+
 def test_c_loop_rejects_a_negative_distance():
     with pytest.raises(ValueError, match="distance"):
         baselines.c_loop(np.arange(100), 4, 8, distance=-1)
