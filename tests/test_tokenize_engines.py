@@ -37,6 +37,7 @@ from tests.test_tokenize_resume import (
 from tokstream import cli
 from tokstream.tokenize import engines, tokenize_files
 from tokstream.tokenize.encoders import Encoder
+from tokstream.tokenize.output import WRITERS
 from tokstream.tokenize.task import Task
 
 pytest.importorskip("tokenizers")
@@ -209,8 +210,11 @@ def test_a_ray_task_reports_its_batches_to_the_jobs_actor(tmp_path, tokenizer_fi
     ray = pytest.importorskip("ray")
     path = tmp_path / "in.txt"
     path.write_text("\n".join(TEXTS + TEXTS))  # 4,000 documents: batches of 1,000
+    # The directory a run owns: its token in the writers' file, the task's own.
+    (tmp_path / WRITERS).write_text("feedfacecafebeef")
     task = Task(7, ((0, 0, path.stat().st_size),), path.stat().st_size, ((0, str(path)),),
-                str(tmp_path), str(tokenizer_file), 0, "npy", "uint16", "text", False)  # fmt: skip
+                str(tmp_path), str(tokenizer_file), 0, "npy", "uint16", "text", False,
+                "feedfacecafebeef")  # fmt: skip
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         tally = ray.remote(num_cpus=0)(engines.tally_class()).remote()

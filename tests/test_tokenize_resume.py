@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,9 @@ import pytest
 from tests.conftest import byte_level_bpe
 from tokstream import cli, open_tokens
 from tokstream.formats import tokenized
-from tokstream.tokenize import tokenize_files
+from tokstream.tokenize import engines, tokenize_files
+from tokstream.tokenize import job as tokenize_job
+from tokstream.tokenize.output import WRITERS, RunSuperseded, writing
 
 pytest.importorskip("tokenizers")
 
@@ -471,12 +474,50 @@ def children_of(pid: int) -> list[int]:
 WRITER = """
 import sys, time
 from pathlib import Path
-from tokstream.tokenize.output import writing
-with writing(sys.argv[1]):
+from tokstream.tokenize.output import WRITERS, writing
+# A worker of a killed run that owned the directory (its token in the writers' file).
+(Path(sys.argv[1]) / WRITERS).write_text("0123456789abcdef")
+with writing(sys.argv[1], "0123456789abcdef"):
     print("holding", flush=True)
     time.sleep(1)
     (Path(sys.argv[1]) / ".shard_000003.npy.0123456789abcdef.tmp").write_bytes(b"half a shard")
 """
+
+
+def test_a_task_of_a_run_that_no_longer_owns_the_directory_writes_nothing(
+    tmp_path, tokenizer_file, inputs
+):
+    """While a run owns the directory, the writers' file holds its token, and a task with any
+    other token (a killed run's, started late by its pool or Ray) is refused before it writes;
+    the run's end empties the file."""
+    out = tmp_path / "out"
+    seen = []
+
+    def during_the_run(message: str, milestone: bool) -> None:
+        if seen:
+            return
+        token = (out / WRITERS).read_text()
+        assert re.fullmatch(r"[0-9a-f]{16}", token)
+        for stale in ("0123456789abcdef", ""):
+            with pytest.raises(RunSuperseded, match="writes nothing"), writing(out, stale):
+                pytest.fail("a stale task ran")
+        with writing(out, token):
+            seen.append(token)
+
+    tokenize_files(inputs, str(tokenizer_file), out, shard_bytes=10000, progress=during_the_run)
+    assert seen and (out / WRITERS).read_text() == ""
+    # A task of the finished run, or of any other, writes nothing now.
+    before = hashes(out)
+    task = replace(engines_tasks(out, tokenizer_file, inputs)[0], run=seen[0])
+    with pytest.raises(RunSuperseded):
+        engines._run_on_ray(task, None)
+    assert hashes(out) == before
+
+
+def engines_tasks(out, tokenizer_file, inputs) -> list:
+    """The tasks a run of ``inputs`` into ``out`` would hand its engine."""
+    job = tokenized.load(out)["job"]
+    return tokenize_job._tasks([Path(p) for p in inputs], job, out, str(tokenizer_file))
 
 
 def test_a_new_run_waits_for_a_killed_runs_workers_before_cleaning_up(

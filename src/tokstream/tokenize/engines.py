@@ -10,13 +10,16 @@ workers, and a run stopped under one engine is finished under any other.
   plans its ranges. A job killed outright (SIGKILL, the OOM killer) cannot stop its pool: each
   worker watches its job and ends with it, and a task runs under the output's writers' lock
   (:func:`tokstream.tokenize.output.writing`), so a new run waits for a killed run's workers
-  before it takes the directory over.
+  before it takes the directory over; a task that starts after that writes nothing (the
+  directory no longer holds its run's token).
 - ``"ray"``: each task is a Ray task (one CPU), at most ``workers`` at a time; without an
   address an embedded local Ray is started for the job (and stopped after it), with one the job
   runs on that cluster (``pip install "tokstream[ray]"``; every node needs tokstream and the
   tokenizer, and reads the inputs and writes the output directory at the same paths: a shared
-  filesystem). A cluster that makes no shard for :data:`STALL_SECONDS` is a TimeoutError, not a
-  hang (and Ray itself ends a driver whose cluster has been unreachable for 60 s).
+  filesystem). Tasks hold the writers' lock and check the run's token as a pool's do, so a
+  killed driver's task that Ray starts late writes nothing. A cluster that makes no shard for
+  :data:`STALL_SECONDS` is a TimeoutError, not a hang (and Ray itself ends a driver whose
+  cluster has been unreachable for 60 s).
 
 Running tasks report their counts after each batch of documents (in this process directly, a
 pool's workers through a queue, Ray tasks to a small actor of the job); the engine passes them
@@ -192,7 +195,7 @@ def _exit_with(sentinel: int) -> None:
 
 
 def _run_in_worker(task: tasks.Task) -> dict[str, Any]:
-    with writing(task.directory):
+    with writing(task.directory, task.run):
         # A task taken just as the job was killed: a new run may own the directory by now.
         if os.getppid() != _job:
             os._exit(1)
@@ -283,7 +286,7 @@ def _ray_runner(stack: contextlib.ExitStack, workers: int, address: str | None) 
 
 def _run_on_ray(task: tasks.Task, tally: Any) -> dict[str, Any]:
     """A Ray task: ``task`` made, its progress sent to the ``tally`` actor without waiting."""
-    with writing(task.directory):
+    with writing(task.directory, task.run):
         return tasks.run(task, report=lambda *counts: tally.put.remote(task.index, *counts))
 
 

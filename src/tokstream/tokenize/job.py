@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,7 @@ def tokenize_files(
         todo = _tasks(paths, job, output, tokenizer)
         out = Output.claim(output, job, overwrite)
         claimed.append(out)
+        todo = [replace(t, run=out.run) for t in todo]
         if not out.complete:
             _run(out, todo, runner, progress)
         return _result(out)

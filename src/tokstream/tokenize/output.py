@@ -8,7 +8,10 @@ the process ends however it ends, so the file a killed run leaves behind blocks 
 A job's worker processes hold a shared lock on ``DIR/.tokstream.writers`` while each runs a
 task; a new claim of the directory takes it exclusively before it removes anything, so the
 workers of a killed run (which end when they see their job gone) have stopped writing before
-another run cleans up after them.
+another run cleans up after them. Holding it, the claim writes the run's token into that file
+(emptied again when the run ends), and every task compares its own with it once it holds the
+shared lock: a task of a run that no longer owns the directory (a killed job's, started late by
+a pool or a Ray cluster that has not yet seen its job die) writes nothing.
 
 Shards are made in any order (:mod:`tokstream.tokenize.task`); each one finished is recorded
 by a line appended to ``DIR/.partial.shards`` (its index and manifest entry), so recording is
@@ -83,41 +86,65 @@ def _lock(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
+class RunSuperseded(RuntimeError):
+    """A task of a run that no longer owns its output directory (see the module docstring)."""
+
+
 @contextlib.contextmanager
-def writing(directory: str | os.PathLike[str]) -> Iterator[None]:
-    """Held by a worker process while it runs a task writing into ``directory``: a shared lock
-    on ``DIR/.tokstream.writers``, which a new claim of the directory waits for."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: the job's own lock only
-        yield
-        return
+def writing(directory: str | os.PathLike[str], run: str) -> Iterator[None]:
+    """Held by a worker process while it runs a task of run ``run`` writing into ``directory``:
+    a shared lock on ``DIR/.tokstream.writers``, which a new claim of the directory waits for.
+    :class:`RunSuperseded`, before anything is written, if the directory is no longer run
+    ``run``'s."""
     fd = os.open(Path(directory) / WRITERS, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        with contextlib.suppress(ImportError):  # Windows: the job's own lock only
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        if not run or _read_token(fd) != run:
+            raise RunSuperseded(
+                f"output {directory} is no longer this run's (another run of tokstream tokenize "
+                "has taken it over): this task of the earlier run writes nothing"
+            )
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def _wait_for_writers(directory: Path) -> None:
-    """Return once no worker process of an earlier run holds ``DIR/.tokstream.writers``.
+def _read_token(fd: int) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    return os.read(fd, 64).decode("ascii", "replace")
+
+
+def _write_token(fd: int, token: str) -> None:
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, token.encode("ascii"))
+
+
+def _take_writers(directory: Path) -> str:
+    """Wait until no worker process of an earlier run holds ``DIR/.tokstream.writers``, then,
+    holding it, write a new run's token into it and return the token.
 
     Called under the job's lock, so no live job's worker can take it meanwhile; a killed
     job's workers end within moments, and a claim waits for them rather than clean up files
     they are still writing. A ValueError after :data:`WRITERS_SECONDS`.
     """
-    try:
-        import fcntl
-    except ImportError:
-        return
+    token = os.urandom(8).hex()
     fd = os.open(directory / WRITERS, os.O_RDWR | os.O_CREAT, 0o644)
     try:
+        try:
+            import fcntl
+        except ImportError:
+            _write_token(fd, token)
+            return token
         deadline = time.monotonic() + WRITERS_SECONDS
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
+                _write_token(fd, token)
+                return token
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     raise ValueError(
@@ -128,6 +155,17 @@ def _wait_for_writers(directory: Path) -> None:
                 time.sleep(0.02)
     finally:
         os.close(fd)
+
+
+def _end_run(directory: Path) -> None:
+    """Empty ``DIR/.tokstream.writers`` as the run ends: no task of it writes from now on, and
+    a finished directory is the same, byte for byte, whichever runs made it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory / WRITERS, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
 
 
 def _foreign_entries(directory: Path) -> list[str]:
@@ -165,10 +203,12 @@ class Output:
     manifest entry.
     """
 
-    def __init__(self, directory: Path, manifest: dict[str, Any], lock: Lock) -> None:
+    def __init__(self, directory: Path, manifest: dict[str, Any], lock: Lock, run: str) -> None:
         self.directory = directory
         self.manifest = manifest
         self.lock = lock
+        #: This run's token: its tasks write only while the directory holds it.
+        self.run = run
         self.complete = manifest.get("complete") is True
         self.finished: dict[int, dict[str, Any]] = {}
         self._record = None
@@ -194,7 +234,7 @@ class Output:
         directory.mkdir(parents=True, exist_ok=True)
         lock = Lock(directory)
         try:
-            _wait_for_writers(directory)
+            run = _take_writers(directory)
             ours = _check_ours(directory)  # again: what counts is the state under the lock
             manifest = tokenized.load(directory) if ours else None
             _remove_own_files(directory, OWN_TEMPORARY)
@@ -206,11 +246,12 @@ class Output:
                 tokenized.save(directory, manifest)
             elif manifest.pop("failed", None) is not None:
                 tokenized.save(directory, manifest)
-            out = cls(directory, manifest, lock)
+            out = cls(directory, manifest, lock, run)
             if out.complete and not (directory / MANIFEST_NAME).is_file():
                 _write_contents(directory)  # a run killed just before it wrote them
             return out
         except BaseException:
+            _end_run(directory)
             lock.release()
             raise
 
@@ -261,6 +302,7 @@ class Output:
 
     def release(self) -> None:
         self._close_record()
+        _end_run(self.directory)
         self.lock.release()
 
 

@@ -56,6 +56,9 @@ class Task:
     dtype: str
     text_field: str
     document_per_file: bool
+    #: The run's token (:class:`tokstream.tokenize.output.Output`): the task writes only while
+    #: its directory is that run's.
+    run: str = ""
 
 
 def plan(
