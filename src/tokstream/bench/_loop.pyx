@@ -72,6 +72,21 @@ cdef extern from *:
                 inputs[j] = (TO##_t)source[j];                                               \
                 labels[j] = (TO##_t)source[j + 1];                                           \
             }                                                                                \
+        }                                                                                    \
+        /* Row i of the batch from window starts[i], the window distance rows ahead (0:      \
+         * none) prefetched first, every cache line of it. */                                \
+        FLOOR_UNUSED static void floor_copy_row_##FROM##_##TO(                               \
+            const FROM##_t *tokens, const int64_t *starts, int64_t count, int64_t i,         \
+            int64_t block, void *inputs, void *labels, int64_t distance) {                   \
+            int64_t j, line = 64 / (int64_t)sizeof(FROM##_t);                                \
+            if (line < 1) line = 1;                                                          \
+            if (distance > 0 && i + distance < count) {                                      \
+                const FROM##_t *ahead = tokens + starts[i + distance];                       \
+                for (j = 0; j <= block; j += line) BASELINE_PREFETCH(ahead + j);             \
+                BASELINE_PREFETCH(ahead + block);                                            \
+            }                                                                                \
+            floor_row_##FROM##_##TO(tokens + starts[i], block, (TO##_t *)inputs + i * block, \
+                                    (TO##_t *)labels + i * block);                           \
         }
     /* The extras' bytes of a row of one piece: position ids 0, 1, 2, ..., a mask of ones and
      * piece numbers 0. */
@@ -93,18 +108,10 @@ cdef extern from *:
             const void *all_tokens, const int64_t *starts, int64_t count, int64_t block,     \
             void *inputs, void *labels, void *positions, uint8_t *mask, int32_t *pieces,     \
             int64_t distance) {                                                              \
-            const FROM##_t *tokens = (const FROM##_t *)all_tokens;                           \
-            int64_t i, j, line = 64 / (int64_t)sizeof(FROM##_t);                             \
-            if (line < 1) line = 1;                                                          \
+            int64_t i;                                                                       \
             for (i = 0; i < count; i++) {                                                    \
-                if (distance > 0 && i + distance < count) {                                  \
-                    const FROM##_t *ahead = tokens + starts[i + distance];                   \
-                    for (j = 0; j <= block; j += line) BASELINE_PREFETCH(ahead + j);         \
-                    BASELINE_PREFETCH(ahead + block);                                        \
-                }                                                                            \
-                floor_row_##FROM##_##TO(tokens + starts[i], block,                           \
-                                        (TO##_t *)inputs + i * block,                        \
-                                        (TO##_t *)labels + i * block);                       \
+                floor_copy_row_##FROM##_##TO((const FROM##_t *)all_tokens, starts, count, i, \
+                                             block, inputs, labels, distance);               \
                 if (positions != NULL)                                                       \
                     floor_extras_##TO(block, (TO##_t *)positions + i * block,                \
                                       mask + i * block, pieces + i * block);                 \
@@ -177,23 +184,15 @@ cdef extern from *:
             const int64_t *starts, int64_t *addresses, int64_t count, int64_t block,         \
             void *inputs, void *labels, void *positions, uint8_t *mask, int32_t *pieces,     \
             int32_t *cu_seqlens, int64_t *longest, int64_t distance) {                       \
-            const FROM##_t *tokens = (const FROM##_t *)all_tokens;                           \
-            int64_t i, j, n = 0, line = 64 / (int64_t)sizeof(FROM##_t);                      \
-            if (line < 1) line = 1;                                                          \
+            int64_t i, n = 0;                                                                \
             if (floor_addresses(ends, documents, window_ends, table, shift, windows, starts, \
                                 count, addresses) < 0)                                       \
                 return -1;                                                                   \
             *longest = 0;                                                                    \
             cu_seqlens[n++] = 0;                                                             \
             for (i = 0; i < count; i++) {                                                    \
-                if (distance > 0 && i + distance < count) {                                  \
-                    const FROM##_t *ahead = tokens + addresses[i + distance];                \
-                    for (j = 0; j <= block; j += line) BASELINE_PREFETCH(ahead + j);         \
-                    BASELINE_PREFETCH(ahead + block);                                        \
-                }                                                                            \
-                floor_row_##FROM##_##TO(tokens + addresses[i], block,                        \
-                                        (TO##_t *)inputs + i * block,                        \
-                                        (TO##_t *)labels + i * block);                       \
+                floor_copy_row_##FROM##_##TO((const FROM##_t *)all_tokens, addresses, count, \
+                                             i, block, inputs, labels, distance);            \
                 floor_document_extras_##TO(                                                  \
                     ends, documents,                                                         \
                     window_ends == NULL                                                      \
@@ -209,21 +208,18 @@ cdef extern from *:
     FLOOR_DOCUMENTS_BOTH(int64) FLOOR_DOCUMENTS_BOTH(uint8) FLOOR_DOCUMENTS_BOTH(uint16)
     FLOOR_DOCUMENTS_BOTH(uint32) FLOOR_DOCUMENTS_BOTH(uint64)
 
+    /* A loop's 16 versions by token dtype kind (int8, int16, int32, int64, then unsigned) and
+     * output dtype (int32, int64). */
+    #define FLOOR_VERSIONS(NAME) {                                                           \
+        {NAME##_int8_int32, NAME##_int8_int64}, {NAME##_int16_int32, NAME##_int16_int64},    \
+        {NAME##_int32_int32, NAME##_int32_int64}, {NAME##_int64_int32, NAME##_int64_int64},  \
+        {NAME##_uint8_int32, NAME##_uint8_int64}, {NAME##_uint16_int32, NAME##_uint16_int64}, \
+        {NAME##_uint32_int32, NAME##_uint32_int64}, {NAME##_uint64_int32, NAME##_uint64_int64} }
     typedef void (*floor_rows_t)(const void *, const int64_t *, int64_t, int64_t, void *,
                                  void *, void *, uint8_t *, int32_t *, int64_t);
-    /* The rows' loop of token dtype kind (int8, int16, int32, int64, then unsigned) into int64
-     * (wide) or int32. */
+    /* The rows' loop of token dtype kind into int64 (wide) or int32. */
     static floor_rows_t floor_rows(int kind, int wide) {
-        static const floor_rows_t loops[8][2] = {
-            {floor_rows_int8_int32, floor_rows_int8_int64},
-            {floor_rows_int16_int32, floor_rows_int16_int64},
-            {floor_rows_int32_int32, floor_rows_int32_int64},
-            {floor_rows_int64_int32, floor_rows_int64_int64},
-            {floor_rows_uint8_int32, floor_rows_uint8_int64},
-            {floor_rows_uint16_int32, floor_rows_uint16_int64},
-            {floor_rows_uint32_int32, floor_rows_uint32_int64},
-            {floor_rows_uint64_int32, floor_rows_uint64_int64},
-        };
+        static const floor_rows_t loops[8][2] = FLOOR_VERSIONS(floor_rows);
         return loops[kind][wide != 0];
     }
     typedef int64_t (*floor_document_rows_t)(
@@ -232,16 +228,7 @@ cdef extern from *:
         int32_t *, int64_t *, int64_t);
     /* The document rows' loop of token dtype kind into int64 (wide) or int32. */
     static floor_document_rows_t floor_document_rows(int kind, int wide) {
-        static const floor_document_rows_t loops[8][2] = {
-            {floor_document_rows_int8_int32, floor_document_rows_int8_int64},
-            {floor_document_rows_int16_int32, floor_document_rows_int16_int64},
-            {floor_document_rows_int32_int32, floor_document_rows_int32_int64},
-            {floor_document_rows_int64_int32, floor_document_rows_int64_int64},
-            {floor_document_rows_uint8_int32, floor_document_rows_uint8_int64},
-            {floor_document_rows_uint16_int32, floor_document_rows_uint16_int64},
-            {floor_document_rows_uint32_int32, floor_document_rows_uint32_int64},
-            {floor_document_rows_uint64_int32, floor_document_rows_uint64_int64},
-        };
+        static const floor_document_rows_t loops[8][2] = FLOOR_VERSIONS(floor_document_rows);
         return loops[kind][wide != 0];
     }
     """
@@ -264,23 +251,12 @@ ctypedef fused out_t:
 
 
 cdef int _kind(const token_t[::1] tokens) noexcept:
-    """The C loops' number of the token dtype (signed 8 to 64 bits, then unsigned)."""
-    cdef int kind = 7
-    if token_t is int8_t:
-        kind = 0
-    elif token_t is int16_t:
-        kind = 1
-    elif token_t is int32_t:
-        kind = 2
-    elif token_t is int64_t:
-        kind = 3
-    elif token_t is uint8_t:
-        kind = 4
-    elif token_t is uint16_t:
-        kind = 5
-    elif token_t is uint32_t:
-        kind = 6
-    return kind
+    """The C loops' number of the token dtype: 0-3 for signed 8, 16, 32 and 64 bits, 4-7 for
+    unsigned."""
+    cdef int width = 0 if sizeof(token_t) == 1 else 1 if sizeof(token_t) == 2 else (
+        2 if sizeof(token_t) == 4 else 3
+    )
+    return width + (4 if <token_t>-1 > 0 else 0)
 
 
 @cython.embedsignature(False)
