@@ -335,8 +335,10 @@ def shards_with_formats(path: Path, want: np.dtype | None, column: str) -> list[
 
 
 def shards_of(file: Path, want: np.dtype, format: str, column: str) -> list[Shard]:
-    """The shards of one token file read as ``format`` (what a manifest says it holds)."""
-    return _open_one(file, want, format, column)
+    """The shards of one token file read as ``format`` (what a manifest says it holds): its
+    reader checks the file's own header, with no sniffing of its first bytes beforehand (on a
+    network filesystem each look at a file is a round trip)."""
+    return _read_as(file, want, format, column)
 
 
 def _open_one(path: Path, want: np.dtype | None, format: str | None, column: str) -> list[Shard]:
@@ -357,6 +359,11 @@ def _open_one(path: Path, want: np.dtype | None, format: str | None, column: str
                 f"token file {path}: bad magic: format={format!r} was asked, the file's first "
                 f"bytes say {found!r}"
             )
+    return _read_as(path, want, format, column)
+
+
+def _read_as(path: Path, want: np.dtype | None, format: str, column: str) -> list[Shard]:
+    """The shards of ``path`` read by ``format``'s reader (which checks its own header)."""
     if format == "megatron":
         if path.is_file() and megatron.is_index(path) and path.suffix != ".idx":
             raise ValueError(
