@@ -136,6 +136,14 @@ class DocumentFloor(CopyFloor):
         )
 
 
+def beyond(cpu: dict[str, float], floor: str) -> str:
+    """A floor's int32/int64 ratio by CPU time, then the stream's CPU microseconds a batch
+    beyond that floor's, int64 and int32."""
+    ratio = cpu[f"{floor} int64"] / cpu[f"{floor} int32"]
+    more = [(cpu[out] - cpu[f"{floor} {out}"]) * 1e6 for out in ("int64", "int32")]
+    return f" {ratio:5.2f} {more[0]:5.0f} {more[1]:5.0f}"
+
+
 def measure(
     sides: dict[str, Callable[[], Any]], rounds: int, batches: int
 ) -> tuple[dict[str, float], dict[str, float]]:
@@ -226,23 +234,13 @@ def main(argv: list[str] | None = None) -> None:
                     f"{rate['int32']:7,.0f} {ratio:5.2f} {cpu['int64'] / cpu['int32']:5.2f}"
                 )
                 if ids is not None:
-                    # The stream's CPU time a batch beyond its floor's, in each dtype.
-                    beyond = [(cpu[out] - cpu[f"floor {out}"]) * 1e6 for out in ("int64", "int32")]
                     line += (
                         f" {rate['floor int64']:8,.0f} {rate['floor int32']:8,.0f} "
-                        f"{seconds['floor int64'] / seconds['floor int32']:5.2f} "
-                        f"{cpu['floor int64'] / cpu['floor int32']:5.2f} "
-                        f"{beyond[0]:5.0f} {beyond[1]:5.0f}"
+                        f"{seconds['floor int64'] / seconds['floor int32']:5.2f}"
+                        + beyond(cpu, "floor")
                     )
                     if name in DOCUMENT_FLOORS:
-                        # The document floor's ratio, and the stream's time beyond it.
-                        beyond = [
-                            (cpu[out] - cpu[f"docs {out}"]) * 1e6 for out in ("int64", "int32")
-                        ]
-                        line += (
-                            f" {cpu['docs int64'] / cpu['docs int32']:5.2f} "
-                            f"{beyond[0]:5.0f} {beyond[1]:5.0f}"
-                        )
+                        line += beyond(cpu, "docs")
                 if name != "plain" and ratio < TARGET:
                     line += "  below 1.3"
                 print(line, flush=True)
