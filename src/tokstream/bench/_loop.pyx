@@ -399,20 +399,24 @@ cdef class Documents:
         if (lengths < 0).any() or int(lengths.sum()) != tokens.shape[0]:
             raise ValueError("Documents: lengths must be >= 0 and add up to len(tokens)")
         ends = np.cumsum(lengths, dtype=np.int64)
+        window_ends = None
         searched = ends
         if within:
-            searched = np.cumsum(np.maximum(lengths.astype(np.int64) - block, 0))
-            self.window_ends = searched
-            self.windows = int(searched[searched.shape[0] - 1])
+            searched = window_ends = np.cumsum(np.maximum(lengths.astype(np.int64) - block, 0))
+            windows = int(searched[searched.shape[0] - 1])
         else:
-            self.windows = max(0, tokens.shape[0] - block)
+            windows = max(0, tokens.shape[0] - block)
         # Buckets about as wide as the searched values lie apart: a step or two a search.
-        self.shift = max(0, (self.windows // searched.shape[0]).bit_length() - 1)
-        buckets = ((self.windows - 1) >> self.shift) + 1 if self.windows else 1
-        self.table = np.searchsorted(
-            searched, np.arange(buckets, dtype=np.int64) << self.shift, side="right"
+        shift = max(0, (windows // searched.shape[0]).bit_length() - 1)
+        buckets = ((windows - 1) >> shift) + 1 if windows else 1
+        table = np.searchsorted(
+            searched, np.arange(buckets, dtype=np.int64) << shift, side="right"
         ).astype(np.int64)
-        self.tokens, self.data, self.ends = tokens, tokens.view(np.uint8), ends
+        # All made before any is set: __init__ called again and failing leaves the old whole.
+        self.tokens, self.data, self.ends, self.window_ends = (
+            tokens, tokens.view(np.uint8), ends, window_ends
+        )
+        self.table, self.shift, self.windows = table, shift, windows
         self.block, self.within = block, within
 
 
