@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tests import oracle_packing
 from tests.oracle_packing import fill_rows
 from tokstream import Corpus
+from tokstream._kernels.pack import group_pieces
 from tokstream.packing import Packing, RowPieces, best_fit, piece_counts
 
 PAD = -1
@@ -241,3 +242,35 @@ def test_best_fit_matches_its_definition(capacity, data):
 def test_best_fit_refuses_lengths_outside_the_capacity(lengths):
     with pytest.raises(ValueError, match="best_fit"):
         best_fit(np.array(lengths), 10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=layouts, block=st.integers(1, 17), data=st.data())
+def test_a_group_s_pieces_are_counted_as_piece_counts_counts_them(lengths, block, data):
+    boundaries = boundaries_of(lengths)
+    documents = np.array(
+        data.draw(st.lists(st.integers(0, len(lengths) - 1), max_size=40)), np.int64
+    )
+    starts, full, short = np.full((3, documents.shape[0]), -7, np.int64)
+    found = group_pieces(boundaries, documents, block, starts, full, short)
+    expected_full, expected_short = piece_counts(np.diff(boundaries)[documents], block)
+    assert starts.tolist() == boundaries[documents].tolist()
+    assert full.tolist() == expected_full.tolist()
+    assert short.tolist() == expected_short.tolist()
+    assert found == (int(expected_full.sum()), int(np.count_nonzero(expected_short)))
+
+
+@pytest.mark.parametrize(
+    ("documents", "block", "rows", "message"),
+    [
+        ([0, 3], 4, 2, "document 3 outside"),  # past the last document
+        ([-1], 4, 1, "document -1 outside"),
+        ([0, 1], 4, 1, "lengths disagree"),
+        ([0], 0, 1, "block < 1"),
+    ],
+)
+def test_a_group_s_pieces_refuse_documents_outside_the_boundaries(documents, block, rows, message):
+    boundaries = boundaries_of([5, 0, 9])
+    starts, full, short = np.zeros((3, rows), np.int64)
+    with pytest.raises(ValueError, match=message):
+        group_pieces(boundaries, np.array(documents, np.int64), block, starts, full, short)

@@ -209,6 +209,48 @@ def test_requesting_rows_ahead_into_the_cache_never_changes_the_rows(ahead):
         same(plain, ahead_batch)
 
 
+def test_pieces_found_by_the_copy_are_the_position_ids_pieces_however_many_a_row_holds():
+    # Rows of many short documents: more pieces than the first batch had room for; later
+    # batches get more room. Either way cu_seqlens is where the position ids restart.
+    rng = np.random.default_rng(2)
+    corpus = Corpus.from_documents([rng.integers(0, 100, n) for n in rng.integers(2, 5, 2000)])
+    stream = packed(corpus, block=64, batch_size=8, epochs=2, seed=4)
+    assert stream._fill.pieces_a_row == 4
+    for batch in stream:
+        positions = batch["position_ids"]
+        starts = np.flatnonzero(positions.ravel() == 0)
+        assert batch["cu_seqlens"].tolist() == [*starts.tolist(), positions.size]
+        assert batch["max_seqlen"] == int(np.diff(batch["cu_seqlens"]).max())
+    assert stream._fill.pieces_a_row > 4
+
+
+@pytest.mark.parametrize("room", [0, 1, 3, 50])
+def test_the_copy_writes_as_many_piece_starts_as_it_has_room_for_and_counts_them_all(room):
+    rng = np.random.default_rng(3)
+    corpus = Corpus.from_documents([rng.integers(0, 100, n) for n in rng.integers(2, 9, 200)])
+    stream = packed(corpus, block=16, batch_size=4, seed=1)
+    expected = next(packed(corpus, block=16, batch_size=4, seed=1))["cu_seqlens"][:-1]
+    fill = stream._fill
+    buffers = {name: np.empty((4, 16), dtype) for name, dtype in
+               [("input_ids", np.int64), ("labels", np.int64), ("position_ids", np.int64),
+                ("document_ids", np.int32), ("mask", np.uint8)]}  # fmt: skip
+    ((first, rows, (row_offsets, addresses, lengths), readable),) = fill.space.row_runs(
+        np.arange(4, dtype=np.int64)
+    )
+    guarded = np.full(room + 4, -5, np.int32)
+    with readable:
+        fitted, pieces, longest = fill._fill_packed(
+            fill._anchor, addresses, lengths, row_offsets, rows, first, PAD,
+            buffers["input_ids"], buffers["labels"], buffers["mask"], buffers["position_ids"],
+            buffers["document_ids"], 0, guarded[2 : 2 + room],
+        )  # fmt: skip
+    assert fitted and pieces == expected.shape[0] > 3
+    assert longest == int(np.diff([*expected.tolist(), 64]).max())
+    written = min(room, pieces)
+    assert guarded[2 : 2 + written].tolist() == expected[:written].tolist()
+    assert (guarded[:2] == -5).all() and (guarded[2 + written :] == -5).all()
+
+
 def _shard_tables(lengths: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     bases = (np.arange(len(lengths), dtype=np.uint64) + np.uint64(1)) << np.uint64(32)

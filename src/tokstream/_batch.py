@@ -139,6 +139,9 @@ class WindowFill:
     taken specialised for the corpus dtype once, so no batch pays the fused-type dispatch.
     """
 
+    #: Whether a call writes the batch's pieces (``cu_seqlens``) as it copies.
+    finds_pieces = False
+
     def __init__(self, space: WindowSpace, options: StreamOptions) -> None:
         self.space = space
         self._block = space.block
@@ -166,11 +169,14 @@ class WindowFill:
         position_ids: np.ndarray | None = None,
         label_continues: np.ndarray | None = None,
         document_ids: np.ndarray | None = None,
-    ) -> None:
+        piece_starts: np.ndarray | None = None,
+    ) -> tuple[int, int] | None:
         """Fill ``windows`` (and ``next_tokens`` or ``targets``) for global ``windows_index``.
 
         With ``position_ids``, ``label_continues`` or ``document_ids`` (any of them) also the
         rows' document positions, their loss mask or each token's piece within its row.
+        ``piece_starts`` is not written: windows' pieces are read back from their position ids
+        (:func:`assemble`), so None is returned (see :attr:`finds_pieces`).
 
         Raises ValueError when a buffer's shape is not the batch's (see :func:`check_shapes`).
         """
@@ -189,7 +195,7 @@ class WindowFill:
                 )  # fmt: skip
             if not fitted:
                 raise self._refuse()
-            return
+            return None
         starts, addresses, readable = self.space.locate(windows_index)
         # The addresses are valid until readable is released (shards read on demand).
         with readable, self._resident_at(addresses):
@@ -198,7 +204,7 @@ class WindowFill:
                     self._anchor, addresses, windows, next_tokens, targets, self._cache_ahead
                 ):
                     raise self._refuse()
-                return
+                return None
             document_starts, document_buckets, document_shift, eos, use_eos = self.space.documents
             fitted = self._gather_documents(
                 self._anchor,
@@ -220,6 +226,7 @@ class WindowFill:
             )
         if not fitted:
             raise self._refuse()
+        return None
 
     def _resident(self, windows_index: np.ndarray) -> AbstractContextManager[Any]:
         """Remote windows fetched and pinned in memory for the kernel call inside the block."""
@@ -236,7 +243,10 @@ class WindowFill:
 class PackedFill:
     """Which kernel fills a batch's buffers with the rows of a :class:`PackedSpace`: the
     packed-row kernel, once per run of rows of one group (the space checks each group's table
-    of pieces before any of its rows is copied)."""
+    of pieces before any of its rows is copied). The kernel knows each row's pieces, so it
+    writes their starts (``cu_seqlens``) as it copies."""
+
+    finds_pieces = True
 
     def __init__(self, space: PackedSpace | PackedMixtureSpace, options: StreamOptions) -> None:
         self.space = space
@@ -251,6 +261,9 @@ class PackedFill:
         # Rows whose pieces the kernel requests ahead of the copy (0: none); unshuffled rows
         # read consecutive documents, which the hardware prefetcher streams.
         self._rows_ahead = rows_ahead(space.block, dtype) if options.shuffle else 0
+        #: Room for this many pieces a row in a batch's ``piece_starts`` (see :func:`fill`):
+        #: raised when a batch has more, so that rows of many short documents fill it in one pass.
+        self.pieces_a_row = _PIECES_A_ROW
 
     def __call__(
         self,
@@ -261,19 +274,25 @@ class PackedFill:
         position_ids: np.ndarray | None = None,
         label_continues: np.ndarray | None = None,
         document_ids: np.ndarray | None = None,
-    ) -> None:
+        piece_starts: np.ndarray | None = None,
+    ) -> tuple[int, int]:
         """:meth:`WindowFill.__call__` for packed rows, whose labels are always ``targets``
-        and whose loss mask is per label."""
+        and whose loss mask is per label. Returns ``(pieces, longest)`` of the batch's input
+        slots (each piece's, each row's padding), the first ``len(piece_starts)`` of their
+        starts written into ``piece_starts`` as flat indices of the batch."""
         check_shapes(
             windows_index.shape[0], self._block, windows, next_tokens, targets, position_ids,
             label_continues, document_ids, shifted_only=True,
         )  # fmt: skip
+        found = longest = 0
         runs = self.space.row_runs(windows_index)
         for first, rows, (row_offsets, addresses, lengths), readable in runs:
+            # Each run's pieces after the runs' before it (none written once it is full).
+            starts = None if piece_starts is None else piece_starts[found:]
             # The pieces' addresses are valid until readable is released; remote pieces are
             # fetched and pinned in memory until the kernel call returns.
             with readable, self._resident(rows, row_offsets, addresses, lengths):
-                fitted = self._fill_packed(
+                fitted, pieces, most = self._fill_packed(
                     self._anchor,
                     addresses,
                     lengths,
@@ -287,9 +306,13 @@ class PackedFill:
                     position_ids,
                     document_ids,
                     self._rows_ahead,
+                    starts,
                 )
             if not fitted:
                 raise self._refuse()
+            found += pieces
+            longest = max(longest, most)
+        return found, longest
 
     def _resident(
         self, rows: np.ndarray, row_offsets: np.ndarray, addresses: np.ndarray, lengths: np.ndarray
@@ -376,24 +399,45 @@ def check_shapes(
         )
 
 
-def fill(filling: Fill, windows_index: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
+def fill(
+    filling: Fill,
+    windows_index: np.ndarray,
+    buffers: dict[str, np.ndarray],
+    cu_seqlens: bool = False,
+) -> tuple[np.ndarray, int] | None:
     """Have the kernels copy windows ``windows_index`` (and their positions) into ``buffers``.
 
-    The order's own extras (a mixture's ``"source"``) are the order's to fill.
+    With ``cu_seqlens``, a filler that finds the batch's pieces as it copies (packed rows)
+    returns ``(cu_seqlens, max_seqlen)``; None when it does not, or found more than it had
+    room for (:func:`assemble` then reads them from the position ids). The order's own
+    extras (a mixture's ``"source"``) are the order's to fill.
     """
-    labels = buffers["labels"]
+    labels, windows = buffers["labels"], buffers["input_ids"]
     next_tokens, targets = (labels, None) if labels.ndim == 1 else (None, labels)
-    filling(
+    starts = None
+    if cu_seqlens and filling.finds_pieces:
+        starts = np.empty(windows.shape[0] * filling.pieces_a_row + 1, np.int32)
+    found = filling(
         windows_index,
-        buffers["input_ids"],
+        windows,
         next_tokens,
         targets,
         buffers.get("position_ids"),
         buffers.get("label_continues"),
         buffers.get("document_ids"),
+        None if starts is None else starts[:-1],
     )
     if "origin" in buffers:
         write_origins(filling.space, windows_index, buffers["origin"])
+    if starts is None or found is None:
+        return None
+    pieces, longest = found
+    if pieces >= starts.shape[0]:
+        # Later batches get room for twice as many pieces a row as this one had.
+        filling.pieces_a_row = 2 * -(-pieces // max(1, windows.shape[0]))
+        return None
+    starts[pieces] = windows.size
+    return starts[: pieces + 1], longest
 
 
 def write_origins(space: Any, windows_index: np.ndarray, out: np.ndarray) -> None:
@@ -411,8 +455,13 @@ def write_origins(space: Any, windows_index: np.ndarray, out: np.ndarray) -> Non
     out[starts < 0] = -1
 
 
-def assemble(buffers: dict[str, np.ndarray], extras: tuple[str, ...]) -> Batch:
-    """The batch the caller receives from filled ``buffers``."""
+def assemble(
+    buffers: dict[str, np.ndarray],
+    extras: tuple[str, ...],
+    pieces: tuple[np.ndarray, int] | None = None,
+) -> Batch:
+    """The batch the caller receives from filled ``buffers``; ``pieces`` its ``(cu_seqlens,
+    max_seqlen)`` when the filler found them (see :func:`fill`)."""
     if not extras:
         return buffers["input_ids"], buffers["labels"]
     batch: dict[str, np.ndarray | int] = {
@@ -431,7 +480,9 @@ def assemble(buffers: dict[str, np.ndarray], extras: tuple[str, ...]) -> Batch:
     if "loss_mask" in extras:
         continues = buffers["label_continues"].view(np.bool_)
         batch["loss_mask"] = continues[:, 0] if buffers["labels"].ndim == 1 else continues
-    if "cu_seqlens" in extras:
+    if "cu_seqlens" in extras and pieces is not None:
+        batch["cu_seqlens"], batch["max_seqlen"] = pieces
+    elif "cu_seqlens" in extras:
         # One pass while the batch has at most a few pieces a row (the common case); else a
         # second, into an array of the size the first one counted.
         cu_seqlens = np.empty(positions.shape[0] * _PIECES_A_ROW + 1, np.int32)

@@ -107,21 +107,21 @@ class PackedSpace:
             )
             return
         per_epoch = max(1, self.num_windows)
-        # One epoch a batch for a lone corpus; a mixture's source may start its next one.
-        epochs = windows_index // per_epoch
-        for epoch_begin, epoch_end in _runs(epochs):
-            epoch = int(epochs[epoch_begin])
+        begin = 0
+        while begin < rows:
+            # The group of the run's first row, in its epoch (a mixture's source may start its
+            # next one inside a batch); the run is the batch's rows before that group's end.
+            epoch, position = divmod(int(windows_index[begin]), per_epoch)
             base = epoch * per_epoch
             order, offsets = self.packing.epoch_offsets(epoch)
-            indices = windows_index[epoch_begin:epoch_end]
-            slots = np.searchsorted(offsets, indices - base, side="right") - 1
-            for begin, end in _runs(slots):
-                slot = int(slots[begin])
-                table = self._table(int(order[slot]), epoch)
-                low = base + int(offsets[slot])
-                self._current = (low, base + int(offsets[slot + 1]), table)
-                local = self._checked(indices[begin:end] - low, table)
-                yield self._resolved(epoch_begin + begin, local, table)
+            slot = int(np.searchsorted(offsets, position, side="right")) - 1
+            low, high = base + int(offsets[slot]), base + int(offsets[slot + 1])
+            end = begin + int(np.searchsorted(windows_index[begin:], high))
+            table = self._table(int(order[slot]), epoch)
+            self._current = (low, high, table)
+            local = self._checked(windows_index[begin:end] - low, table)
+            yield self._resolved(begin, local, table)
+            begin = end
 
     @staticmethod
     def _checked(local: np.ndarray, table: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:

@@ -184,6 +184,7 @@ class Packing:
         self.num_rows = int(self.group_offsets[-1])
         self._epoch_offsets: tuple[int, np.ndarray, np.ndarray] | None = None
         self._table: tuple[tuple[int, int], RowPieces] | None = None
+        self._empty_stacks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     # ------------------------------------------------------------------ groups
 
@@ -236,10 +237,11 @@ class Packing:
 
     def _pack(self, group: int, epoch: int) -> RowPieces:
         documents = self.group_documents_of(group)
-        starts = self.boundaries[documents]
-        full, short = piece_counts(self.boundaries[documents + 1] - starts, self.block)
-        fulls = int(full.sum())
-        pieces = int(np.count_nonzero(short))
+        # Each document's first token, full pieces and short piece length, in one pass.
+        starts, full, short = np.empty((3, documents.shape[0]), np.int64)
+        fulls, pieces = _pack.group_pieces(
+            self.boundaries, documents, self.block, starts, full, short
+        )
         total = int(self.group_rows[group])
         packed_rows = total - fulls
         if packed_rows < 0:
@@ -255,12 +257,16 @@ class Packing:
             if self.shuffle
             else _NONE
         )
-        table = RowPieces(
-            np.empty(total + 1, np.int64),
-            np.empty(fulls + pieces, np.int64),
-            np.empty(fulls + pieces, np.int64),
-        )
-        capacity = self.block + 1
+        piece_starts, piece_lengths = np.empty((2, fulls + pieces), np.int64)
+        table = RowPieces(np.empty(total + 1, np.int64), piece_starts, piece_lengths)
+        # The kernel's scratch: a document each, a short piece each (four), a packed row each
+        # and one, a full piece each.
+        items = np.empty(documents.shape[0], np.int64)
+        placed, rows, by_row, stack_next = np.empty((4, pieces), np.int64)
+        row_firsts, full_starts = np.empty(packed_rows + 1, np.int64), np.empty(fulls, np.int64)
+        # Taken out while in use: a thread packing meanwhile makes its own.
+        stacks = self._take_stacks()
+        counts, stack_heads, nonempty = stacks
         failed = _pack.pack_group(
             starts,
             full,
@@ -272,20 +278,35 @@ class Packing:
             table.row_offsets,
             table.starts,
             table.lengths,
-            np.empty(starts.shape[0], np.int64),
-            np.empty(pieces, np.int64),
-            np.empty(pieces, np.int64),
-            np.empty(pieces, np.int64),
-            np.empty(packed_rows + 1, np.int64),
-            np.empty(fulls, np.int64),
-            np.zeros(capacity + 2, np.int64),
-            np.full(capacity + 1, -1, np.int64),
-            np.zeros(capacity // 64 + 1, np.uint64),
-            np.empty(pieces, np.int64),
+            items,
+            placed,
+            rows,
+            by_row,
+            row_firsts,
+            full_starts,
+            counts,
+            stack_heads,
+            nonempty,
+            stack_next,
         )
         if failed:
             raise RuntimeError("a group's pieces do not fit its rows: a packing bug")
+        self._empty_stacks.append(stacks)
         return table
+
+    def _take_stacks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The group kernel's counts and best-fit stacks, empty (see
+        :mod:`tokstream._kernels.pack`): kept from group to group (the kernel leaves them empty
+        again when it packs a group whole), one set for each thread packing at once."""
+        try:
+            return self._empty_stacks.pop()  # one step: no two threads take the same set
+        except IndexError:
+            capacity = self.block + 1
+            return (
+                np.zeros(capacity + 2, np.int64),
+                np.full(capacity + 1, -1, np.int64),
+                np.zeros(capacity // 64 + 1, np.uint64),
+            )
 
     # ------------------------------------------------------------------ samples
 

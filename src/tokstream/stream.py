@@ -220,9 +220,9 @@ class TokenStream(Iterator[Batch]):
                 if options.reuse_buffers
                 else self._fresh.take_named(count)
             )
-            _batch.fill(self._fill, windows_index, buffers)
+            pieces = _batch.fill(self._fill, windows_index, buffers, "cu_seqlens" in options.extras)
             order.fill_extras(windows_index, buffers)
-            batch = _batch.assemble(buffers, options.extras)
+            batch = _batch.assemble(buffers, options.extras, pieces)
         else:
             # The plain batch, without the buffer bookkeeping (the fixed cost small batches feel).
             if options.reuse_buffers:

@@ -24,6 +24,14 @@ def canonical_rows(
     nonempty: npt.NDArray[np.uint64],  # uint64_t[::1]
     stack_next: npt.NDArray[np.int64],  # int64_t[::1]
 ) -> None: ...
+def group_pieces(
+    boundaries: npt.NDArray[np.int64],  # const int64_t[::1]
+    documents: npt.NDArray[np.int64],  # const int64_t[::1]
+    block: int,  # int64_t
+    starts: npt.NDArray[np.int64],  # int64_t[::1]
+    full: npt.NDArray[np.int64],  # int64_t[::1]
+    short: npt.NDArray[np.int64],  # int64_t[::1]
+) -> tuple[int, int]: ...
 def pack_group(
     starts: npt.NDArray[np.int64],  # const int64_t[::1]
     full: npt.NDArray[np.int64],  # const int64_t[::1]

@@ -186,6 +186,56 @@ def canonical_rows(
             first = end
 
 
+def group_pieces(
+    const int64_t[::1] boundaries,
+    const int64_t[::1] documents,
+    int64_t block,
+    int64_t[::1] starts,
+    int64_t[::1] full,
+    int64_t[::1] short,
+):
+    """group_pieces(const int64_t[::1] boundaries, const int64_t[::1] documents, int64_t block, int64_t[::1] starts, int64_t[::1] full, int64_t[::1] short) -> tuple
+
+    For each of ``documents`` (document ``d`` holds tokens ``boundaries[d] .. boundaries[d +
+    1] - 1``): its first token into ``starts``, its full pieces into ``full`` and its short
+    piece's length (0: none) into ``short``, as :func:`tokstream.packing.piece_counts` counts
+    them; returns ``(full pieces, short pieces)`` of them all, what :func:`pack_group` takes.
+
+    One pass with the documents' boundaries requested ahead (a group's documents are random
+    reads of them when shuffled). Every index is checked: a document outside ``boundaries``
+    or tables of other lengths are a ValueError (nothing is then written past them).
+    """
+    cdef Py_ssize_t count = documents.shape[0], last = boundaries.shape[0] - 1, i
+    cdef Py_ssize_t outside = -1
+    cdef int64_t d, labels, fulls = 0, shorts = 0
+    if not (starts.shape[0] == full.shape[0] == short.shape[0] == count) or block < 1:
+        raise ValueError("group_pieces: the tables' lengths disagree, or block < 1")
+    with nogil:
+        for i in range(count):
+            if i + PREFETCH_DOCUMENTS < count:
+                d = documents[i + PREFETCH_DOCUMENTS]
+                if 0 <= d < last:
+                    TOKSTREAM_PREFETCH(&boundaries[d])
+            d = documents[i]
+            if not 0 <= d < last:
+                outside = i
+                break
+            # d + 1 <= last: inside boundaries.
+            starts[i] = boundaries[d]
+            labels = boundaries[d + 1] - boundaries[d] - 1
+            if labels > 0:
+                full[i] = labels // block
+                short[i] = labels % block + 1 if labels % block else 0
+            else:
+                full[i] = 0
+                short[i] = 0
+            fulls += full[i]
+            shorts += short[i] > 0
+    if outside >= 0:
+        raise ValueError(f"group_pieces: document {documents[outside]} outside the boundaries")
+    return fulls, shorts
+
+
 # ---------------------------------------------------------------------------------------------
 # Group tables
 #

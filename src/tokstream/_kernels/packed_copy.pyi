@@ -20,7 +20,8 @@ def fill_packed(
     position_ids: Out | None,  # out_t[:, ::1]
     document_ids: npt.NDArray[np.int32] | None,  # int32_t[:, ::1]
     cache_ahead: int = 0,  # Py_ssize_t
-) -> bool: ...  # False: a token does not fit the output dtype
+    piece_starts: npt.NDArray[np.int32] | None = None,  # int32_t[::1]
+) -> tuple[bool, int, int]: ...  # (False: a token does not fit the output dtype, pieces, longest)
 def piece_addresses(
     starts: npt.NDArray[np.int64],  # const int64_t[::1]
     lengths: npt.NDArray[np.int64],  # const int64_t[::1]

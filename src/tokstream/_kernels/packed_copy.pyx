@@ -37,8 +37,9 @@ def fill_packed(
     out_t[:, ::1] position_ids,
     int32_t[:, ::1] document_ids,
     Py_ssize_t cache_ahead=0,
+    int32_t[::1] piece_starts=None,
 ):
-    """fill_packed(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] lengths, const int64_t[::1] row_offsets, const int64_t[::1] rows, Py_ssize_t first_row, int64_t pad, out_t[:, ::1] input_ids, out_t[:, ::1] labels, uint8_t[:, ::1] label_continues, out_t[:, ::1] position_ids, int32_t[:, ::1] document_ids, Py_ssize_t cache_ahead=0) -> bool
+    """fill_packed(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] lengths, const int64_t[::1] row_offsets, const int64_t[::1] rows, Py_ssize_t first_row, int64_t pad, out_t[:, ::1] input_ids, out_t[:, ::1] labels, uint8_t[:, ::1] label_continues, out_t[:, ::1] position_ids, int32_t[:, ::1] document_ids, Py_ssize_t cache_ahead=0, int32_t[::1] piece_starts=None) -> tuple
 
     Row ``first_row + k`` of the batch is row ``t = rows[k]`` of the table: pieces
     ``row_offsets[t] .. row_offsets[t + 1] - 1`` laid side by side from slot 0 of ``block + 1``
@@ -50,8 +51,15 @@ def fill_packed(
     ``position_ids`` each input slot's place in its piece and ``document_ids`` its piece's
     number in the row, the padding counting as a piece of its own. The last three may be
     None, and are then not written. Tokens and position ids are written in ``out_t`` (int64 or
-    int32); returns False when a token does not fit it (the rows are then wrong and must not
-    be handed out). With ``cache_ahead=d > 0`` the pieces of the batch's row ``k + d`` (of
+    int32).
+
+    Returns ``(fitted, pieces, longest)``: ``fitted`` False when a token does not fit
+    ``out_t`` (the rows are then wrong and must not be handed out); ``pieces`` the pieces of
+    the rows' input slots (each piece's, the padding's), ``longest`` the most input slots one
+    of them holds. The first ``len(piece_starts)`` of their starts, as flat indices of the
+    batch (``row * block + slot``, row counted in the buffers), go into ``piece_starts`` in
+    order: ``cu_seqlens`` without its end (the pieces ``position_ids`` restarts at).
+    With ``cache_ahead=d > 0`` the pieces of the batch's row ``k + d`` (of
     this call) are requested into the cache (a software prefetch) before row ``k`` is filled
     (:func:`tokstream._space.rows_ahead` chooses ``d``).
 
@@ -63,6 +71,8 @@ def fill_packed(
     """
     cdef Py_ssize_t count = rows.shape[0], block = input_ids.shape[1]
     cdef Py_ssize_t k, r, t, i, j, slot, length, inputs, piece
+    cdef Py_ssize_t found = 0, longest = 0
+    cdef Py_ssize_t capacity = piece_starts.shape[0] if piece_starts is not None else 0
     cdef bint write_mask = label_continues is not None
     cdef bint write_positions = position_ids is not None
     cdef bint write_documents = document_ids is not None
@@ -120,10 +130,19 @@ def fill_packed(
                     ramp_run(&positions_row[slot], inputs)
                 if write_documents:
                     tokstream_fill_int32(documents_row + slot, inputs, <int32_t>piece)
+                if inputs > 0:
+                    if found < capacity:
+                        piece_starts[found] = <int32_t>(r * block + slot)
+                    found += 1
+                    longest = max(longest, inputs)
                 slot += length
                 piece += 1
             # The padding: slots slot .. block (the last is a label only).
             if slot < block:
+                if found < capacity:
+                    piece_starts[found] = <int32_t>(r * block + slot)
+                found += 1
+                longest = max(longest, block - slot)
                 fill_run(&inputs_row[slot], block - slot, pad)
                 if write_positions:
                     ramp_run(&positions_row[slot], block - slot)
@@ -135,7 +154,7 @@ def fill_packed(
                 fill_run(&labels_row[j - 1], block + 1 - j, pad)
                 if write_mask:
                     memset(&mask_row[j - 1], 0, block + 1 - j)
-    return outside == 0
+    return outside == 0, found, longest
 
 
 cdef inline Py_ssize_t _shard_of(
