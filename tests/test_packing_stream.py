@@ -240,7 +240,7 @@ def test_the_copy_writes_as_many_piece_starts_as_it_has_room_for_and_counts_them
     guarded = np.full(room + 4, -5, np.int32)
     with readable:
         fitted, pieces, longest = fill._fill_packed(
-            fill._anchor, addresses, lengths, row_offsets, rows, first, PAD,
+            fill._anchor, addresses, lengths, row_offsets, rows, 0, first, 16, PAD,
             buffers["input_ids"], buffers["labels"], buffers["mask"], buffers["position_ids"],
             buffers["document_ids"], 0, guarded[2 : 2 + room],
         )  # fmt: skip

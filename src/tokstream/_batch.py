@@ -279,11 +279,25 @@ class PackedFill:
         """:meth:`WindowFill.__call__` for packed rows, whose labels are always ``targets``
         and whose loss mask is per label. Returns ``(pieces, longest)`` of the batch's input
         slots (each piece's, each row's padding), the first ``len(piece_starts)`` of their
-        starts written into ``piece_starts`` as flat indices of the batch."""
-        check_shapes(
-            windows_index.shape[0], self._block, windows, next_tokens, targets, position_ids,
-            label_continues, document_ids, shifted_only=True,
-        )  # fmt: skip
+        starts written into ``piece_starts`` as flat indices of the batch.
+
+        The kernel checks every buffer's shape and every row against its table before it
+        writes (a ValueError); most batches lie in the group the last one ended in, with its
+        pieces in memory, and are one kernel call.
+        """
+        if next_tokens is not None or targets is None:
+            raise ValueError("a packed batch's buffers are targets and a per-label loss mask")
+        buffers = (self._pad, windows, targets, label_continues, position_ids, document_ids)
+        current = self.space.current_group(windows_index) if self.residency is None else None
+        if current is not None:
+            low, (row_offsets, addresses, lengths) = current
+            fitted, found, longest = self._fill_packed(
+                self._anchor, addresses, lengths, row_offsets, windows_index, low, 0,
+                self._block, *buffers, self._rows_ahead, piece_starts,
+            )  # fmt: skip
+            if not fitted:
+                raise self._refuse()
+            return found, longest
         found = longest = 0
         runs = self.space.row_runs(windows_index)
         for first, rows, (row_offsets, addresses, lengths), readable in runs:
@@ -293,21 +307,9 @@ class PackedFill:
             # fetched and pinned in memory until the kernel call returns.
             with readable, self._resident(rows, row_offsets, addresses, lengths):
                 fitted, pieces, most = self._fill_packed(
-                    self._anchor,
-                    addresses,
-                    lengths,
-                    row_offsets,
-                    rows,
-                    first,
-                    self._pad,
-                    windows,
-                    targets,
-                    label_continues,
-                    position_ids,
-                    document_ids,
-                    self._rows_ahead,
-                    starts,
-                )
+                    self._anchor, addresses, lengths, row_offsets, rows, 0, first, self._block,
+                    *buffers, self._rows_ahead, starts,
+                )  # fmt: skip
             if not fitted:
                 raise self._refuse()
             found += pieces
@@ -369,23 +371,14 @@ def check_shapes(
     position_ids: np.ndarray | None,
     label_continues: np.ndarray | None,
     document_ids: np.ndarray | None,
-    *,
-    shifted_only: bool = False,
 ) -> None:
     """Raise ValueError unless every buffer given is the shape of a batch of ``rows`` windows.
 
     The kernels take their row count and width from the buffers, and a caller can reshape an
     array it was handed (``x.shape = ...``) in place, which must never make them write past
-    its end. ``shifted_only``: the kernel writes ``targets`` and a loss mask per label only
-    (packed rows), so ``targets`` must be given and ``next_tokens`` not.
+    its end. (The packed-row kernel checks its buffers itself.)
     """
     wide = (rows, block)
-    if shifted_only and (
-        next_tokens is not None
-        or targets is None
-        or (label_continues is not None and label_continues.shape != wide)
-    ):
-        raise ValueError(f"a packed batch's buffers are {wide} targets and a per-label loss mask")
     if (
         windows.shape != wide
         or (next_tokens is not None and next_tokens.shape != (rows,))

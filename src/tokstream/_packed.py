@@ -85,6 +85,21 @@ class PackedSpace:
         digest.update(str(packing.group_documents).encode())
         return digest.hexdigest()
 
+    def current_group(
+        self, windows_index: np.ndarray
+    ) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+        """``(low, table)`` when the batch's rows (rising) all lie in the group the last
+        batch ended in and its shards are in memory: window index ``w`` is then row ``w -
+        low`` of that checked ``table`` (see :meth:`row_runs`), whose addresses stay valid
+        while the corpus lives. None otherwise: :meth:`row_runs` then."""
+        current = self._current
+        if current is None or self._source is not None:
+            return None
+        low, high, table = current
+        if low <= windows_index[0] and windows_index[-1] < high:
+            return low, table
+        return None
+
     def row_runs(
         self, windows_index: np.ndarray
     ) -> Iterator[tuple[int, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray], Readable]]:
@@ -259,6 +274,12 @@ class PackedMixtureSpace:
         for space in self.sources:
             digest.update(space.segments_sha256().encode())
         return digest.hexdigest()
+
+    def current_group(
+        self, windows_index: np.ndarray
+    ) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+        """None: a mixture's batch is read source by source (:meth:`row_runs`)."""
+        return None
 
     def row_runs(
         self, windows_index: np.ndarray

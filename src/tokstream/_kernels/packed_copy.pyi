@@ -12,7 +12,9 @@ def fill_packed(
     lengths: npt.NDArray[np.int64],  # const int64_t[::1]
     row_offsets: npt.NDArray[np.int64],  # const int64_t[::1]
     rows: npt.NDArray[np.int64],  # const int64_t[::1]
+    row_base: int,  # int64_t
     first_row: int,  # Py_ssize_t
+    block: int,  # Py_ssize_t
     pad: int,  # int64_t
     input_ids: Out,  # out_t[:, ::1]
     labels: Out,  # out_t[:, ::1]

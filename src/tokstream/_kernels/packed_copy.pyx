@@ -21,6 +21,11 @@ cdef extern from *:
     const bint TOKSTREAM_DEBUG
 
 
+cdef inline bint _holds(Py_ssize_t *shape, Py_ssize_t rows, Py_ssize_t width) noexcept:
+    # Whether a buffer of ``shape`` has at least ``rows`` rows of exactly ``width``.
+    return shape[0] >= rows and shape[1] == width
+
+
 # Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
 @cython.embedsignature(False)
 def fill_packed(
@@ -29,7 +34,9 @@ def fill_packed(
     const int64_t[::1] lengths,
     const int64_t[::1] row_offsets,
     const int64_t[::1] rows,
+    int64_t row_base,
     Py_ssize_t first_row,
+    Py_ssize_t block,
     int64_t pad,
     out_t[:, ::1] input_ids,
     out_t[:, ::1] labels,
@@ -39,9 +46,9 @@ def fill_packed(
     Py_ssize_t cache_ahead=0,
     int32_t[::1] piece_starts=None,
 ):
-    """fill_packed(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] lengths, const int64_t[::1] row_offsets, const int64_t[::1] rows, Py_ssize_t first_row, int64_t pad, out_t[:, ::1] input_ids, out_t[:, ::1] labels, uint8_t[:, ::1] label_continues, out_t[:, ::1] position_ids, int32_t[:, ::1] document_ids, Py_ssize_t cache_ahead=0, int32_t[::1] piece_starts=None) -> tuple
+    """fill_packed(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] lengths, const int64_t[::1] row_offsets, const int64_t[::1] rows, int64_t row_base, Py_ssize_t first_row, Py_ssize_t block, int64_t pad, out_t[:, ::1] input_ids, out_t[:, ::1] labels, uint8_t[:, ::1] label_continues, out_t[:, ::1] position_ids, int32_t[:, ::1] document_ids, Py_ssize_t cache_ahead=0, int32_t[::1] piece_starts=None) -> tuple
 
-    Row ``first_row + k`` of the batch is row ``t = rows[k]`` of the table: pieces
+    Row ``first_row + k`` of the batch is row ``t = rows[k] - row_base`` of the table: pieces
     ``row_offsets[t] .. row_offsets[t + 1] - 1`` laid side by side from slot 0 of ``block + 1``
     slots, piece ``i`` the ``lengths[i]`` tokens of the
     corpus dtype (``anchor``'s, which only picks the specialisation) from address
@@ -63,16 +70,34 @@ def fill_packed(
     this call) are requested into the cache (a software prefetch) before row ``k`` is filled
     (:func:`tokstream._space.rows_ahead` chooses ``d``).
 
-    The caller guarantees: every address readable for its piece's length (a piece of a shard
-    the caller keeps alive), every length >= 1, each table row's lengths summing to at most
-    ``block + 1``, ``row_offsets`` nondecreasing from 0 to ``len(lengths)``, every ``rows[k]``
-    a table row (below ``len(row_offsets) - 1``), ``first_row + len(rows)`` at most the
-    buffers' rows, every buffer of width ``block`` and ``pad`` (and ``block``) fitting out_t.
+    The rows and the buffers are checked here: a row outside the table, a buffer not
+    ``block`` wide or without rows ``first_row .. first_row + len(rows) - 1`` is a ValueError
+    before anything is written (a caller that reshaped a buffer through ``.base`` is refused,
+    never written past). The table is the caller's to guarantee, as
+    :func:`piece_addresses` checks it: every address readable for its piece's length (a piece
+    of a shard the caller keeps alive), every length >= 1, each table row's lengths summing
+    to at most ``block + 1``, ``row_offsets`` nondecreasing from 0 to ``len(lengths)``; and
+    ``pad`` (and ``block``) fitting out_t.
     """
-    cdef Py_ssize_t count = rows.shape[0], block = input_ids.shape[1]
+    cdef Py_ssize_t count = rows.shape[0], table_rows = row_offsets.shape[0] - 1
     cdef Py_ssize_t k, r, t, i, j, slot, length, inputs, piece
     cdef Py_ssize_t found = 0, longest = 0
     cdef Py_ssize_t capacity = piece_starts.shape[0] if piece_starts is not None else 0
+    if not (
+        first_row >= 0
+        and _holds(input_ids.shape, first_row + count, block)
+        and _holds(labels.shape, first_row + count, block)
+        and (label_continues is None or _holds(label_continues.shape, first_row + count, block))
+        and (position_ids is None or _holds(position_ids.shape, first_row + count, block))
+        and (document_ids is None or _holds(document_ids.shape, first_row + count, block))
+    ):
+        raise ValueError(
+            f"a batch buffer is not {block} wide with rows {first_row} .. "
+            f"{first_row + count - 1} (input_ids {tuple(input_ids.shape)[:2]}): reshaped in place?"
+        )
+    for k in range(count):
+        if not 0 <= rows[k] - row_base < table_rows:
+            raise ValueError(f"fill_packed: row {rows[k]} outside the table's {table_rows} rows")
     cdef bint write_mask = label_continues is not None
     cdef bint write_positions = position_ids is not None
     cdef bint write_documents = document_ids is not None
@@ -89,10 +114,10 @@ def fill_packed(
             r = first_row + k
             if cache_ahead > 0 and cache_ahead < count - k:
                 # Row rows[k + cache_ahead]'s pieces: each readable for its length.
-                t = rows[k + cache_ahead]
+                t = rows[k + cache_ahead] - row_base
                 for i in range(row_offsets[t], row_offsets[t + 1]):
                     prefetch_window(<const token_t *><uintptr_t>addresses[i], lengths[i] - 1)
-            t = rows[k]
+            t = rows[k] - row_base
             inputs_row = &input_ids[r, 0]
             labels_row = &labels[r, 0]
             if write_mask:
