@@ -251,6 +251,38 @@ def test_the_copy_writes_as_many_piece_starts_as_it_has_room_for_and_counts_them
     assert (guarded[:2] == -5).all() and (guarded[2 + written :] == -5).all()
 
 
+@pytest.mark.parametrize("reuse_buffers", [0, 1])
+@pytest.mark.parametrize("name", ["input_ids", "labels", "loss_mask", "position_ids"])
+def test_a_packed_buffer_reshaped_through_base_is_refused_not_written_past(reuse_buffers, name):
+    corpus = corpus_of([5, 9, 3, 12, 7] * 20)
+    stream = packed(
+        corpus, batch_size=4, reuse_buffers=reuse_buffers, extras=(*EXTRAS, "loss_mask")
+    )
+    batch = next(stream)
+    batch[name].base.shape = (2, 16)
+    del batch
+    with pytest.raises(ValueError, match=r"not 8 wide.*reshaped"):
+        for _ in range(3):
+            next(stream)
+
+
+@pytest.mark.parametrize(("rows", "row_base"), [([0, 1, 7], 0), ([-1], 0), ([3, 4], 4), ([9], 5)])
+def test_the_copy_refuses_rows_outside_its_table_before_writing(rows, row_base):
+    stream = packed(corpus_of([5, 9, 3, 12, 7] * 4), batch_size=3, shuffle=False)
+    fill = stream._fill
+    ((_, _, (row_offsets, addresses, lengths), readable),) = fill.space.row_runs(
+        np.arange(3, dtype=np.int64)
+    )
+    table = (addresses, lengths, row_offsets[:5])  # rows 0 .. 3 of the group's table
+    inputs, labels = np.zeros((2, 3, 8), np.int64)
+    with readable, pytest.raises(ValueError, match="outside the table's 4 rows"):
+        fill._fill_packed(
+            fill._anchor, *table, np.array(rows, np.int64), row_base, 0, 8, PAD, inputs, labels,
+            None, None, None,
+        )  # fmt: skip
+    assert not inputs.any() and not labels.any()
+
+
 def _shard_tables(lengths: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     bases = (np.arange(len(lengths), dtype=np.uint64) + np.uint64(1)) << np.uint64(32)
