@@ -89,19 +89,19 @@ cdef extern from *:
                                     (TO##_t *)labels + i * block);                           \
         }
     /* The extras' bytes of a row of one piece: position ids 0, 1, 2, ..., a mask of ones and
-     * piece numbers 0. */
-    #define FLOOR_EXTRAS(TO)                                                                 \
+     * piece numbers 0. Ramps count in INDEX, as wide as TO (vectorised without narrowing). */
+    #define FLOOR_EXTRAS(TO, INDEX)                                                          \
         FLOOR_CLONES FLOOR_UNUSED static void floor_extras_##TO(                             \
             int64_t block, TO##_t *positions, uint8_t *mask, int32_t *pieces) {              \
-            int64_t j;                                                                       \
-            for (j = 0; j < block; j++) {                                                    \
+            INDEX j;                                                                         \
+            for (j = 0; j < (INDEX)block; j++) {                                             \
                 positions[j] = (TO##_t)j;                                                    \
             }                                                                                \
             memset(mask, 1, (size_t)block);                                                  \
             memset(pieces, 0, (size_t)block * sizeof(int32_t));                              \
         }
-    FLOOR_EXTRAS(int32)
-    FLOOR_EXTRAS(int64)
+    FLOOR_EXTRAS(int32, uint32_t)
+    FLOOR_EXTRAS(int64, int64_t)
     #define FLOOR_ROWS(FROM, TO)                                                             \
         FLOOR_ROW(FROM, TO)                                                                  \
         FLOOR_UNUSED static void floor_rows_##FROM##_##TO(                                   \
@@ -152,17 +152,19 @@ cdef extern from *:
      * documents: one piece), the mask 0 where a label starts a document, the pieces' ends
      * (offset by the row's) appended to cu_seqlens[*n ..]. Whatever ends holds, each piece lies
      * inside the row: every end the walk reads lies above the piece before. */
-    #define FLOOR_DOCUMENT_EXTRAS(TO)                                                        \
+    #define FLOOR_DOCUMENT_EXTRAS(TO, INDEX)                                                 \
         FLOOR_UNUSED static void floor_document_extras_##TO(                                 \
             const int64_t *ends, int64_t documents, int64_t d, int64_t start, int64_t block,  \
             int64_t offset, TO##_t *positions, uint8_t *mask, int32_t *pieces,               \
             int32_t *cu_seqlens, int64_t *n, int64_t *longest) {                             \
-            int64_t j, first, last, piece;                                                   \
+            int64_t first, last, piece;                                                      \
+            INDEX j;                                                                         \
             for (first = 0, piece = 0; first < block; first = last, piece++) {               \
                 last = d < documents && ends[d] - start < block ? ends[d] - start : block;   \
-                for (j = first; j < last; j++) {                                             \
-                    positions[j] = (TO##_t)(j - first);                                      \
-                    pieces[j] = (int32_t)piece;                                              \
+                if (last <= first) break; /* never: each end read lies above the last */     \
+                for (j = 0; j < (INDEX)(last - first); j++) {                                \
+                    positions[first + j] = (TO##_t)j;                                        \
+                    pieces[first + j] = (int32_t)piece;                                      \
                 }                                                                            \
                 memset(mask + first, 1, (size_t)(last - first));                             \
                 if (d < documents && ends[d] - start == last) mask[last - 1] = 0;            \
@@ -171,8 +173,8 @@ cdef extern from *:
                 while (d < documents && ends[d] - start <= last) d++;                        \
             }                                                                                \
         }
-    FLOOR_DOCUMENT_EXTRAS(int32)
-    FLOOR_DOCUMENT_EXTRAS(int64)
+    FLOOR_DOCUMENT_EXTRAS(int32, uint32_t)
+    FLOOR_DOCUMENT_EXTRAS(int64, int64_t)
     /* Rows with each document's own extras (ends[d]: where document d ends): windows across
      * documents (window_ends NULL) or inside them (one piece a row), found by floor_addresses.
      * Writes cu_seqlens (at most count * block + 1 values) and returns its length, *longest the
