@@ -28,6 +28,13 @@ the extras' logic, the Python around the kernel call). Where the two are equal, 
 the same in both dtypes, the stream copies as fast as its floor, and its ratio is the floor's
 with that many microseconds added to both sides.
 
+For the packed case, ``pack`` and ``kern``: the CPU microseconds a batch that packing the rows
+costs (every group of one shuffled epoch packed as the stream packs it on reaching it: the
+group's keyed orders, best fit and its checked table of piece addresses, divided by the
+epoch's batches) and the part of it spent in the compiled kernels, then ``pfl``, the copy
+floor's ratio with ``kern`` added to both sides: what the copy and the compiled packing alone
+allow a packed stream, whatever else it does.
+
 Last, for the cross and within cases, the *document floor* (``docs``, its int32/int64 ratio by
 CPU time, then ``ud64`` and ``ud32``, the stream's microseconds a batch beyond it): the same
 plain C loop doing the whole work of such a batch
@@ -57,6 +64,9 @@ from typing import Any
 import numpy as np
 from documents_ratios import DTYPES, SHAPES, documents_corpus, make_stream
 
+import tokstream._kernels.pack
+import tokstream._packed
+import tokstream.packing
 from tokstream import Corpus
 from tokstream.bench import _loop
 from tokstream.bench.baselines import best_c_loop_distance
@@ -144,6 +154,47 @@ def beyond(cpu: dict[str, float], floor: str) -> str:
     return f" {ratio:5.2f} {more[0]:5.0f} {more[1]:5.0f}"
 
 
+def packing_cost(stream: Any, batch_size: int) -> tuple[float, float]:
+    """CPU microseconds a batch of packing a packed ``stream``'s rows (see the module doc), and
+    the part of it in the compiled kernels (each call timed by a wrapper put in place of the
+    module's name for the measurement)."""
+    space = stream._space
+    epoch = 1
+    order, _ = space.packing.epoch_offsets(epoch)
+    kernels = [0.0]
+
+    def timed(kernel: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return kernel(*args)
+            finally:
+                kernels[0] += time.perf_counter() - start
+
+        return call
+
+    patched = [
+        (tokstream.packing, "permuted_positions"),
+        (tokstream._kernels.pack, "group_pieces"),
+        (tokstream._kernels.pack, "pack_group"),
+        (tokstream._packed, "piece_addresses"),
+    ]
+    originals = [getattr(module, name) for module, name in patched]
+    for (module, name), kernel in zip(patched, originals, strict=True):
+        setattr(module, name, timed(kernel))
+    try:
+        start = time.process_time()
+        for group in order.tolist():
+            space._cached = space.packing._table = None  # packed again, as on reaching it
+            space._table(group, epoch)
+        total = time.process_time() - start
+    finally:
+        for (module, name), kernel in zip(patched, originals, strict=True):
+            setattr(module, name, kernel)
+    batches = space.num_windows / batch_size
+    return total / batches * 1e6, kernels[0] / batches * 1e6
+
+
 def measure(
     sides: dict[str, Callable[[], Any]], rounds: int, batches: int
 ) -> tuple[dict[str, float], dict[str, float]]:
@@ -197,6 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{'wall':>5} {'cpu':>5} {'floor64':>8} {'floor32':>8} {'wall':>5} {'cpu':>5} "
         f"{'us64':>5} {'us32':>5} {'docs':>5} {'ud64':>5} {'ud32':>5}"
     )
+    print(f"{'':>97}(packed: pack  kern   pfl)")
     for dtype in DTYPES:
         corpus = documents_corpus(args.tokens, dtype)
         ids = flat_tokens(corpus) if args.floor else None
@@ -205,11 +257,12 @@ def main(argv: list[str] | None = None) -> None:
             for name, options in CASES:
                 if name not in wanted:
                     continue
-                sides: dict[str, Callable[[], Any]] = {
-                    out: partial(
-                        next, make_stream(corpus, block, batch_size, out_dtype=out, **options)
-                    )
+                streams = {
+                    out: make_stream(corpus, block, batch_size, out_dtype=out, **options)
                     for out in ("int64", "int32")
+                }
+                sides: dict[str, Callable[[], Any]] = {
+                    out: partial(next, stream) for out, stream in streams.items()
                 }
                 if ids is not None:
                     for out in ("int64", "int32"):
@@ -241,6 +294,10 @@ def main(argv: list[str] | None = None) -> None:
                     )
                     if name in DOCUMENT_FLOORS:
                         line += beyond(cpu, "docs")
+                    if options.get("windows") == "packed":
+                        pack, kern = packing_cost(streams["int32"], batch_size)
+                        floors = [cpu[f"floor {out}"] * 1e6 + kern for out in ("int64", "int32")]
+                        line += f" {pack:5.1f} {kern:5.1f} {floors[0] / floors[1]:5.2f}"
                 if name != "plain" and ratio < TARGET:
                     line += "  below 1.3"
                 print(line, flush=True)

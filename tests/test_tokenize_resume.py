@@ -250,9 +250,9 @@ def killed_and_finished(tmp_path, tokenizer_file, inputs, trials, engine, addres
         made = len(list(out.glob("shard_*.documents.npy"))) if out.is_dir() else 0
         if engine == "ray" and trial % 2:  # finished on the same cluster
             child = start_child(tokenizer_file, out, inputs, engine, address, workers)
-            assert child.wait(timeout=300) == 0, child.stderr.read()
-            child.stdout.close()
-            child.stderr.close()
+            # Its progress lines are read as it runs: a pipe nobody reads would block it.
+            _, progress_lines = child.communicate(timeout=300)
+            assert child.returncode == 0, progress_lines
         else:  # finished by the local engine
             tokenize_files(inputs, str(tokenizer_file), out, shard_bytes=10000, workers=workers)
         resumed += made

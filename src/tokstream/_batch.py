@@ -3,7 +3,8 @@
 Without ``extras`` a batch is the tuple ``(windows, targets)``. With any extra it is a dict:
 ``"input_ids"`` (the windows), ``"labels"`` (the targets, as ``targets=`` says) and the extras
 asked for, written by the document kernel in the gather's own loop (position ids and the loss
-mask) or found from the position ids one read per piece (``cu_seqlens``):
+mask) or found from the position ids one read per piece (``cu_seqlens``; packed rows' copy
+writes it as it goes):
 
 - ``"position_ids"``, ``(b, block)`` int64: 0 at each row's first token and at every document
   start inside the row, else one more than the token before;
