@@ -64,10 +64,8 @@ from typing import Any
 import numpy as np
 from documents_ratios import DTYPES, SHAPES, documents_corpus, make_stream
 
-import tokstream._kernels.pack
-import tokstream._packed
-import tokstream.packing
-from tokstream import Corpus
+from tokstream import Corpus, _packed, packing
+from tokstream._kernels import pack as pack_kernels
 from tokstream.bench import _loop
 from tokstream.bench.baselines import best_c_loop_distance
 
@@ -174,10 +172,10 @@ def packing_cost(stream: Any, batch_size: int) -> tuple[float, float]:
         return call
 
     patched = [
-        (tokstream.packing, "permuted_positions"),
-        (tokstream._kernels.pack, "group_pieces"),
-        (tokstream._kernels.pack, "pack_group"),
-        (tokstream._packed, "piece_addresses"),
+        (packing, "permuted_positions"),
+        (pack_kernels, "group_pieces"),
+        (pack_kernels, "pack_group"),
+        (_packed, "piece_addresses"),
     ]
     originals = [getattr(module, name) for module, name in patched]
     for (module, name), kernel in zip(patched, originals, strict=True):
