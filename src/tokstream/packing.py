@@ -266,29 +266,11 @@ class Packing:
         row_firsts, full_starts = np.empty(packed_rows + 1, np.int64), np.empty(fulls, np.int64)
         # Taken out while in use: a thread packing meanwhile makes its own.
         stacks = self._take_stacks()
-        counts, stack_heads, nonempty = stacks
         failed = _pack.pack_group(
-            starts,
-            full,
-            short,
-            self.block,
-            piece_order,
-            JITTER_QUANTUM if shuffled else 0,
-            row_order,
-            table.row_offsets,
-            table.starts,
-            table.lengths,
-            items,
-            placed,
-            rows,
-            by_row,
-            row_firsts,
-            full_starts,
-            counts,
-            stack_heads,
-            nonempty,
+            starts, full, short, self.block, piece_order, JITTER_QUANTUM if shuffled else 0,
+            row_order, *table, items, placed, rows, by_row, row_firsts, full_starts, *stacks,
             stack_next,
-        )
+        )  # fmt: skip
         if failed:
             raise RuntimeError("a group's pieces do not fit its rows: a packing bug")
         self._empty_stacks.append(stacks)
