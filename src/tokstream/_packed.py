@@ -92,8 +92,15 @@ class PackedSpace:
         batch ended in and its shards are in memory: window index ``w`` is then row ``w -
         low`` of that checked ``table`` (see :meth:`row_runs`), whose addresses stay valid
         while the corpus lives. None otherwise: :meth:`row_runs` then."""
+        return None if self._source is not None else self._in_current(windows_index)
+
+    def _in_current(
+        self, windows_index: np.ndarray
+    ) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+        """``(low, table)`` of the group the last batch ended in, if every row of this one (a
+        nonempty rising batch) lies in it."""
         current = self._current
-        if current is None or self._source is not None:
+        if current is None:
             return None
         low, high, table = current
         if low <= windows_index[0] and windows_index[-1] < high:
@@ -114,12 +121,10 @@ class PackedSpace:
             return
         # The order's indices rise through the batch, so the rows of one group are a run; most
         # batches lie in the group the last one ended in.
-        first, last = int(windows_index[0]), int(windows_index[-1])
-        current = self._current
-        if current is not None and current[0] <= first and last < current[1]:
-            yield self._resolved(
-                0, self._checked(windows_index - current[0], current[2]), current[2]
-            )
+        current = self._in_current(windows_index)
+        if current is not None:
+            low, table = current
+            yield self._resolved(0, self._checked(windows_index - low, table), table)
             return
         per_epoch = max(1, self.num_windows)
         begin = 0

@@ -110,7 +110,8 @@ def fill_packed(
     cdef uint64_t outside = 0
     with nogil:
         for k in range(count):
-            # first_row + k is a row of every buffer (the caller's guarantee).
+            # first_row + k is a row of every buffer, rows[k] - row_base a table row (checked
+            # above).
             r = first_row + k
             if cache_ahead > 0 and cache_ahead < count - k:
                 # Row rows[k + cache_ahead]'s pieces: each readable for its length.
