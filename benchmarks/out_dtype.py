@@ -28,13 +28,6 @@ the extras' logic, the Python around the kernel call). Where the two are equal, 
 the same in both dtypes, the stream copies as fast as its floor, and its ratio is the floor's
 with that many microseconds added to both sides.
 
-For the packed case, ``pack`` and ``kern``: the CPU microseconds a batch that packing the rows
-costs (every group of one shuffled epoch packed as the stream packs it on reaching it: the
-group's keyed orders, best fit and its checked table of piece addresses, divided by the
-epoch's batches) and the part of it spent in the compiled kernels, then ``pfl``, the copy
-floor's ratio with ``kern`` added to both sides: what the copy and the compiled packing alone
-allow a packed stream, whatever else it does.
-
 Last, for the cross and within cases, the *document floor* (``docs``, its int32/int64 ratio by
 CPU time, then ``ud64`` and ``ud32``, the stream's microseconds a batch beyond it): the same
 plain C loop doing the whole work of such a batch
@@ -44,6 +37,17 @@ every document start, and ``cu_seqlens``, in one call a batch, with no order to 
 nothing to check. Its ratio is what halving the output bytes buys a plain implementation of
 these batches on this machine; the stream's microseconds beyond it are its per-batch
 bookkeeping (the keyed order, locating, the buffers and the dict).
+
+Under each case with extras, a ``limits`` line (``--floor``) says what the floors allow a
+stream that keeps its order and hands out a dict: ``book``, the stream's own per-batch work with
+the copy left out (``next()`` with the filler replaced by one that writes nothing: the order,
+the buffers, the dict, the cursor; int32 side), less the floors' own draw of random starts,
+and the floor's ratio with ``book`` added to both sides (the document floor across and within,
+the copy floor for packed rows). For packed rows also ``pack`` and ``kern``: the CPU
+microseconds a batch that packing the rows costs (every group of one shuffled epoch packed as
+the stream packs it on reaching it: the group's keyed orders, best fit and its checked table of
+piece addresses, divided by the epoch's batches) and the part of it spent in the compiled
+kernels, which the copy floor's ratio then carries too.
 
 Rounds of all sides alternate, so drift on a shared machine hits them alike; each figure is the
 median over ``--rounds`` rounds of ``--batches`` batches (first batches drawn untimed). Printed:
@@ -64,7 +68,7 @@ from typing import Any
 import numpy as np
 from documents_ratios import DTYPES, SHAPES, documents_corpus, make_stream
 
-from tokstream import Corpus, _packed, packing
+from tokstream import Corpus, _batch, _packed, packing
 from tokstream._kernels import pack as pack_kernels
 from tokstream.bench import _loop
 from tokstream.bench.baselines import best_c_loop_distance
@@ -152,6 +156,36 @@ def beyond(cpu: dict[str, float], floor: str) -> str:
     return f" {ratio:5.2f} {more[0]:5.0f} {more[1]:5.0f}"
 
 
+def bookkeeping(stream: Any, batches: int) -> float:
+    """CPU microseconds a batch of ``stream``'s own work with the copy left out: ``next()``
+    with :func:`tokstream._batch.fill` replaced by a filler that writes nothing and reports two
+    pieces (so that no position ids are read back)."""
+    pieces = (np.array([0, 1, stream.options.block], np.int32), stream.options.block - 1)
+    real = _batch.fill
+    _batch.fill = lambda *args: pieces
+    try:
+        start = time.process_time()
+        for _ in range(batches):
+            next(stream)
+        return (time.process_time() - start) / batches * 1e6
+    finally:
+        _batch.fill = real
+
+
+def draw_cost(floor: CopyFloor, batches: int) -> float:
+    """CPU microseconds a batch of the floors' own draw of random starts."""
+    start = time.process_time()
+    for _ in range(batches):
+        floor.rng.integers(0, floor.starts_below, floor.batch_size)
+    return (time.process_time() - start) / batches * 1e6
+
+
+def with_added(cpu: dict[str, float], floor: str, microseconds: float) -> float:
+    """A floor's int32/int64 ratio by CPU time with ``microseconds`` added to both sides."""
+    sides = [cpu[f"{floor} {out}"] * 1e6 + microseconds for out in ("int64", "int32")]
+    return sides[0] / sides[1]
+
+
 def packing_cost(stream: Any, batch_size: int) -> tuple[float, float]:
     """CPU microseconds a batch of packing a packed ``stream``'s rows (see the module doc), and
     the part of it in the compiled kernels (each call timed by a wrapper put in place of the
@@ -163,11 +197,11 @@ def packing_cost(stream: Any, batch_size: int) -> tuple[float, float]:
 
     def timed(kernel: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
-            start = time.perf_counter()
+            start = time.process_time()
             try:
                 return kernel(*args)
             finally:
-                kernels[0] += time.perf_counter() - start
+                kernels[0] += time.process_time() - start
 
         return call
 
@@ -246,7 +280,6 @@ def main(argv: list[str] | None = None) -> None:
         f"{'wall':>5} {'cpu':>5} {'floor64':>8} {'floor32':>8} {'wall':>5} {'cpu':>5} "
         f"{'us64':>5} {'us32':>5} {'docs':>5} {'ud64':>5} {'ud32':>5}"
     )
-    print(f"{'':>97}(packed: pack  kern   pfl)")
     for dtype in DTYPES:
         corpus = documents_corpus(args.tokens, dtype)
         ids = flat_tokens(corpus) if args.floor else None
@@ -292,13 +325,26 @@ def main(argv: list[str] | None = None) -> None:
                     )
                     if name in DOCUMENT_FLOORS:
                         line += beyond(cpu, "docs")
-                    if options.get("windows") == "packed":
-                        pack, kern = packing_cost(streams["int32"], batch_size)
-                        floors = [cpu[f"floor {out}"] * 1e6 + kern for out in ("int64", "int32")]
-                        line += f" {pack:5.1f} {kern:5.1f} {floors[0] / floors[1]:5.2f}"
                 if name != "plain" and ratio < TARGET:
                     line += "  below 1.3"
                 print(line, flush=True)
+                if ids is not None and name != "plain":
+                    floor = sides["floor int32"]
+                    assert isinstance(floor, CopyFloor)
+                    book = bookkeeping(streams["int32"], args.batches) - draw_cost(
+                        floor, args.batches
+                    )
+                    limits = f"{'':6} {'':5} {'':5} {'limits':14} book {book:4.1f} us"
+                    if name in DOCUMENT_FLOORS:
+                        limits += f": document floor with it {with_added(cpu, 'docs', book):.2f}"
+                    else:
+                        pack, kern = packing_cost(streams["int32"], batch_size)
+                        limits += (
+                            f"; packing {pack:4.1f} us a batch, {kern:4.1f} in its kernels: copy "
+                            f"floor with them {with_added(cpu, 'floor', kern):.2f}, and with "
+                            f"book {with_added(cpu, 'floor', kern + book):.2f}"
+                        )
+                    print(limits, flush=True)
 
 
 if __name__ == "__main__":
