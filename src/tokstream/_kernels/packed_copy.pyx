@@ -26,6 +26,23 @@ cdef inline bint _holds(Py_ssize_t *shape, Py_ssize_t rows, Py_ssize_t width) no
     return shape[0] >= rows and shape[1] == width
 
 
+cdef inline void _count_piece(
+    int32_t *starts,
+    Py_ssize_t capacity,
+    Py_ssize_t *found,
+    Py_ssize_t *longest,
+    Py_ssize_t start,
+    Py_ssize_t length,
+) noexcept nogil:
+    # One more piece of ``length`` input slots from flat index ``start``: written into
+    # ``starts`` while it has room (``capacity``), counted either way.
+    if found[0] < capacity:
+        starts[found[0]] = <int32_t>start
+    found[0] += 1
+    if length > longest[0]:
+        longest[0] = length
+
+
 # Cython embeds the signature of a fused function's dispatcher; the docstring states it instead.
 @cython.embedsignature(False)
 def fill_packed(
@@ -83,6 +100,7 @@ def fill_packed(
     cdef Py_ssize_t k, r, t, i, j, slot, length, inputs, piece
     cdef Py_ssize_t found = 0, longest = 0
     cdef Py_ssize_t capacity = piece_starts.shape[0] if piece_starts is not None else 0
+    cdef int32_t *starts = &piece_starts[0] if capacity > 0 else NULL
     if not (
         first_row >= 0
         and _holds(input_ids.shape, first_row + count, block)
@@ -157,18 +175,12 @@ def fill_packed(
                 if write_documents:
                     tokstream_fill_int32(documents_row + slot, inputs, <int32_t>piece)
                 if inputs > 0:
-                    if found < capacity:
-                        piece_starts[found] = <int32_t>(r * block + slot)
-                    found += 1
-                    longest = max(longest, inputs)
+                    _count_piece(starts, capacity, &found, &longest, r * block + slot, inputs)
                 slot += length
                 piece += 1
             # The padding: slots slot .. block (the last is a label only).
             if slot < block:
-                if found < capacity:
-                    piece_starts[found] = <int32_t>(r * block + slot)
-                found += 1
-                longest = max(longest, block - slot)
+                _count_piece(starts, capacity, &found, &longest, r * block + slot, block - slot)
                 fill_run(&inputs_row[slot], block - slot, pad)
                 if write_positions:
                     ramp_run(&positions_row[slot], block - slot)
