@@ -27,7 +27,7 @@ import pytest
 from tests.conftest import byte_level_bpe
 from tokstream import cli, open_tokens
 from tokstream.formats import tokenized
-from tokstream.tokenize import engines, tokenize_files
+from tokstream.tokenize import engines, output, tokenize_files
 from tokstream.tokenize import job as tokenize_job
 from tokstream.tokenize.output import WRITERS, RunSuperseded, writing
 
@@ -212,6 +212,33 @@ def test_an_interrupt_keeps_the_shards_made_before_it(tmp_path, tokenizer_file, 
     result = tokenize_files(inputs, str(tokenizer_file), out, shard_bytes=10000)
     assert result.resumed_documents == sum(np.load(out / name).shape[0] - 1 for name in made)
     assert result.documents == len(TEXTS)
+    assert hashes(out) == hashes(clean)
+
+
+@pytest.mark.parametrize("stop", ["before the record is removed", "before the contents"])
+def test_a_run_stopped_after_marking_its_directory_complete_is_finished_by_a_rerun(
+    tmp_path, tokenizer_file, inputs, monkeypatch, stop
+):
+    """The window a kill can land in between the manifest marked complete and the job's last
+    steps (its record removed, ``manifest.json`` written): a rerun leaves the directory a clean
+    run's, file for file."""
+    clean = tmp_path / "clean"
+    tokenize_files(inputs, str(tokenizer_file), clean, shard_bytes=10000)
+    out = tmp_path / "out"
+    stopped = output.Output._close_record if "record" in stop else output._write_contents
+
+    def killed(*args):  # once: the run's own clean-up goes on as usual
+        patch.undo()
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(stopped.__module__ + "." + stopped.__qualname__, killed)
+        with pytest.raises(KeyboardInterrupt):
+            tokenize_files(inputs, str(tokenizer_file), out, shard_bytes=10000)
+    assert tokenized.load(out)["complete"] and not (out / "manifest.json").exists()
+    assert (out / output.FINISHED).exists() == ("record" in stop)
+    result = tokenize_files(inputs, str(tokenizer_file), out, shard_bytes=10000)
+    assert result.resumed_documents == result.documents == len(TEXTS)
     assert hashes(out) == hashes(clean)
 
 

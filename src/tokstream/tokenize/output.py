@@ -20,7 +20,7 @@ makes only the others; the last line, if the kill cut it, is dropped. When every
 made, the manifest lists them in order and is marked complete, the record is removed, and
 ``DIR/manifest.json`` (:mod:`tokstream.manifest`) is written last: what ``open_tokens(DIR)``
 reads instead of every shard. It exists only in a complete directory (a rerun of a complete one
-that lacks it writes it).
+finishes what a kill after its marking left undone: removes the record, writes the contents).
 """
 
 from __future__ import annotations
@@ -247,8 +247,10 @@ class Output:
             elif manifest.pop("failed", None) is not None:
                 tokenized.save(directory, manifest)
             out = cls(directory, manifest, lock, run)
-            if out.complete and not (directory / MANIFEST_NAME).is_file():
-                _write_contents(directory)  # a run killed just before it wrote them
+            if out.complete:  # what a run killed after marking it complete left undone
+                (directory / FINISHED).unlink(missing_ok=True)
+                if not (directory / MANIFEST_NAME).is_file():
+                    _write_contents(directory)
             return out
         except BaseException:
             _end_run(directory)
