@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokstream import Corpus, open_tokens, write_tokens
+from tokstream import Corpus, _validate, open_tokens, write_tokens
 from tokstream._filemap import FileMap
 from tokstream.files import FORMATS, detect_format
+from tokstream.formats import megatron
 
 MEGATRON_CODES = {
     np.uint8: 1,
@@ -112,6 +113,30 @@ def test_megatron_opens_by_prefix_bin_or_idx_with_its_dtype_and_documents(tmp_pa
 def test_megatron_documents_of_several_sentences_are_one_document(tmp_path):
     prefix = write_megatron(tmp_path / "d", [list(range(10)), list(range(20, 27))], sentences=3)
     assert documents_of(open_tokens(prefix)) == [list(range(10)), list(range(20, 27))]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 1 << 20])
+def test_megatron_document_offsets_are_the_documents_lengths_summed_chunk_by_chunk(
+    tmp_path, monkeypatch, chunk
+):
+    """The index is read in chunks of ``SCAN_CHUNK`` documents: documents of one or several
+    sequences, empty ones first, last, throughout or everywhere, across every chunk edge."""
+    monkeypatch.setattr(_validate, "SCAN_CHUNK", chunk)
+    rng = np.random.default_rng(chunk)
+    layouts = [DOCS, [[], [], [1]], [[1, 2], [], []], [[], []], [[]], [list(range(7))]]
+    layouts += [
+        [rng.integers(0, 9, rng.integers(0, 5)).tolist() for _ in range(rng.integers(1, 12))]
+        for _ in range(20)
+    ]
+    for number, documents in enumerate(layouts):
+        for sentences in (1, 2):
+            prefix = write_megatron(
+                tmp_path / f"d{number}_{sentences}", documents, sentences=sentences
+            )
+            shard = megatron.read(prefix)
+            lengths = [len(document) for document in documents]
+            assert shard.document_offsets.tolist() == [0, *np.cumsum(lengths).tolist()]
+            assert shard.tokens.tolist() == [token for document in documents for token in document]
 
 
 def test_a_glob_over_a_megatron_dataset_counts_it_once(tmp_path):

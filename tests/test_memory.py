@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tokstream import _validate, open_tokens, stream_token_source, write_tokens
+from tokstream.formats import megatron
 
 MB = 1 << 20
 
@@ -84,6 +85,23 @@ def test_validating_a_uint64_memmap_scans_it_in_chunks_without_copying(tmp_path)
     with pytest.raises(ValueError, match="int64 range") as raised:
         open_tokens(path)
     assert str(path) in str(raised.value)
+
+
+def test_a_megatron_index_becomes_its_document_offsets_and_nothing_else_its_size(
+    tmp_path, monkeypatch
+):
+    """The index's arrays are unaligned in the file: indexing them at once would copy them
+    whole (twice the documents' offsets at 10^7 documents); read in chunks, the offsets are
+    the one array of the documents' size."""
+    monkeypatch.setattr(_validate, "SCAN_CHUNK", 1 << 12)
+    documents = 1 << 20
+    offsets = np.arange(documents + 1, dtype=np.int64) * 2
+    with open(tmp_path / "d.idx", "wb") as f:
+        megatron.write_index(f, offsets, np.dtype(np.uint16))
+    np.zeros(2 * documents, dtype=np.uint16).tofile(tmp_path / "d.bin")
+    shard, peak = traced_peak(lambda: megatron.read(tmp_path / "d"))
+    assert np.array_equal(shard.document_offsets, offsets)
+    assert peak < 1.25 * offsets.nbytes, f"peak {peak / MB:.1f} MiB"
 
 
 def test_writing_from_a_memmap_converts_in_chunks_without_copying(tmp_path):

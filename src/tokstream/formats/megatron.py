@@ -146,12 +146,19 @@ def parse_index(index: np.ndarray, where: str) -> tuple[np.dtype, int, np.ndarra
             f"{where}: document indices run from {int(starts[0])} to {int(starts[-1])}; they "
             f"must run from 0 to the sequence count {sequences}"
         )
-    if np.any(np.diff(starts) < 0):
+    if np.any(starts[1:] < starts[:-1]):
         raise ValueError(f"{where}: document indices decrease; they must never fall")
-    sequence_starts = np.empty(sequences + 1, dtype=np.int64)
-    np.floor_divide(pointers, dtype.itemsize, out=sequence_starts[:-1])
-    sequence_starts[-1] = total
-    return dtype, total, sequence_starts[starts]
+    # A document starts at its first sequence's pointer, or at the end when no sequence is
+    # left (trailing empty documents). In chunks: the index's arrays are unaligned, and NumPy
+    # would copy them whole to index them at once.
+    offsets = np.empty(document_indices, dtype=np.int64)
+    for first in range(0, document_indices, _validate.SCAN_CHUNK):
+        chunk = starts[first : first + _validate.SCAN_CHUNK]
+        found = offsets[first : first + chunk.shape[0]]
+        if sequences:
+            np.floor_divide(pointers[np.minimum(chunk, sequences - 1)], dtype.itemsize, out=found)
+        found[chunk == sequences] = total
+    return dtype, total, offsets
 
 
 def check_tokens_size(size: int, total: int, dtype: np.dtype, name: str, index_name: str) -> None:
