@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import KERNEL_DTYPES, assert_same_batches, sharded_oracle_batches
 from tokstream import Corpus, reference, stream_token_source
+from tokstream._arrays import frozen
 
 # ---------------------------------------------------------------------------------------------
 # Shards in place
@@ -174,6 +175,23 @@ def test_the_arrays_a_stream_is_bounded_by_cannot_be_made_writeable(pickled):
             array[...] = 10**12
     assert corpus.lengths.tolist() == [30, 20]
     assert corpus.document_boundaries.tolist() == [0, 10, 30, 50]
+
+
+def test_a_frozen_array_is_frozen_again_without_a_copy_and_anything_else_is_copied():
+    array = frozen(np.arange(10, dtype=np.int64))
+    assert frozen(array) is array and frozen(array[2:5]).base is array.base
+    # Memory someone can still write, or a strided view, is copied into immutable memory.
+    mutable = bytearray(np.arange(10, dtype=np.int64).tobytes())
+    for source in (np.frombuffer(mutable, np.int64), array[::2], np.arange(4)):
+        copy = frozen(source)
+        assert copy is not source and np.array_equal(copy, source)
+        root = copy
+        while isinstance(root, np.ndarray):
+            root = root.base
+        assert type(root) is bytes
+    copy = frozen(np.frombuffer(mutable, np.int64))
+    mutable[8:16] = bytes(8)
+    assert copy[1] == 1
 
 
 # A caller's worst: every array the corpus hands out edited to point far outside the shards,

@@ -384,6 +384,50 @@ def test_a_documents_file_that_lies_is_refused_naming_it(tmp_path):
         next(tokstream.TokenStream(files.open_tokens(path), 4, 2, windows="within"))
 
 
+# Four npy shards of 200, 237, 274 and 311 tokens (make_inputs), documents told by an edited
+# manifest: each sidecar fails one check only.
+SHARD_STARTS = [0, 200, 437, 711, 1022]
+LYING_SIDECARS = {
+    "falling": ([2, 1, 1, 1], [0, 150, 100, 437, 711, 1022]),
+    "a shard's first document not at its first token": ([1, 1, 1, 1], [0, 201, 437, 711, 1022]),
+    # A shard that says it has no documents: the one before may not reach into its tokens.
+    "a document starting past its shard's end": ([2, 0, 1, 1], [0, 205, 437, 711, 1022]),
+    "a document starting in a last shard that says it has none": (
+        [1, 1, 2, 0],
+        [0, 200, 437, 800, 1022],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(LYING_SIDECARS))
+def test_documents_that_leave_their_shard_are_refused_before_any_batch(tmp_path, case):
+    counts, boundaries = LYING_SIDECARS[case]
+    make_inputs(tmp_path, "npy")
+    path = write_manifest(str(tmp_path / "s*.npy"), tmp_path / "manifest.json")
+    assert files.open_tokens(path).lengths.tolist() == np.diff(SHARD_STARTS).tolist()
+
+    def told(body):
+        body["shards"]["documents"] = counts
+        body["documents_file"] = "told.documents.npy"
+
+    edit(path, told)
+    np.save(tmp_path / "told.documents.npy", np.array(boundaries, np.int64))
+    with pytest.raises(ValueError, match="told.documents.npy: document boundaries must rise"):
+        _ = files.open_tokens(path).document_boundaries
+
+
+def test_a_manifests_documents_are_read_once_and_shared_with_its_corpus(tmp_path):
+    make_inputs(tmp_path, "megatron")
+    path = write_manifest(str(tmp_path / "part*.bin"), tmp_path / "manifest.json")
+    corpus = files.open_tokens(path)
+    boundaries = corpus.document_boundaries
+    assert not boundaries.flags.writeable
+    with pytest.raises(ValueError):
+        boundaries.setflags(write=True)
+    corpus.shards[1]  # compared with the manifest's documents at its first read
+    assert corpus._source._documents_table()[0] is boundaries
+
+
 def test_a_missing_shard_file_is_file_not_found_when_first_read(tmp_path):
     make_inputs(tmp_path, "npy")
     path = write_manifest(str(tmp_path / "s*.npy"), tmp_path / "manifest.json")

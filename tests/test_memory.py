@@ -17,6 +17,7 @@ import pytest
 
 from tokstream import _validate, open_tokens, stream_token_source, write_tokens
 from tokstream.formats import megatron
+from tokstream.manifest import write_manifest
 
 MB = 1 << 20
 
@@ -102,6 +103,30 @@ def test_a_megatron_index_becomes_its_document_offsets_and_nothing_else_its_size
     shard, peak = traced_peak(lambda: megatron.read(tmp_path / "d"))
     assert np.array_equal(shard.document_offsets, offsets)
     assert peak < 1.25 * offsets.nbytes, f"peak {peak / MB:.1f} MiB"
+
+
+def test_the_first_packed_batch_through_a_manifest_holds_its_documents_about_twice(
+    tmp_path, monkeypatch
+):
+    """The corpus's boundaries (read once, shared with the manifest's check of each shard) and,
+    while a shard is first read, its own file's document table: nothing else of their size."""
+    monkeypatch.setattr(_validate, "SCAN_CHUNK", 1 << 12)
+    documents = 1 << 20
+    offsets = np.arange(documents + 1, dtype=np.int64) * 3
+    with open(tmp_path / "d.idx", "wb") as f:
+        megatron.write_index(f, offsets, np.dtype(np.uint16))
+    np.arange(3 * documents, dtype=np.uint16).tofile(tmp_path / "d.bin")
+    manifest = write_manifest(tmp_path / "d", tmp_path / "manifest.json")
+
+    def first_batch():
+        corpus = open_tokens(manifest)
+        stream = stream_token_source(corpus, 64, 4, windows="packed", pad=0, shuffle=True)
+        return corpus, next(iter(stream))
+
+    (corpus, batch), peak = traced_peak(first_batch)
+    assert batch["input_ids"].shape == (4, 64)
+    assert np.array_equal(corpus.document_boundaries, offsets)
+    assert peak < 2.5 * offsets.nbytes, f"peak {peak / MB:.1f} MiB"
 
 
 def test_writing_from_a_memmap_converts_in_chunks_without_copying(tmp_path):

@@ -19,8 +19,14 @@ def frozen(array: np.ndarray) -> np.ndarray:
     A flag alone is no protection: ``setflags(write=True)`` undoes it on any array that owns
     its memory (or whose base does). The copy's memory is an immutable ``bytes`` object, so
     NumPy refuses to make it, or any view of it, writeable. For the arrays the kernel's bounds
-    are computed from.
+    are computed from. An array already frozen (contiguous, its memory a ``bytes`` object) is
+    returned as it is: a corpus and its source share one copy of their O(documents) tables.
     """
+    root = array
+    while isinstance(root, np.ndarray):
+        root = root.base
+    if type(root) is bytes and array.flags.c_contiguous:
+        return array
     array = np.ascontiguousarray(array)
     return np.frombuffer(array.tobytes(), dtype=array.dtype).reshape(array.shape)
 

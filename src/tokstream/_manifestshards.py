@@ -93,12 +93,15 @@ class ManifestShards(MappedShards):
         return np.array([1 if c is None else c for c in self._document_counts], np.int64)
 
     def document_boundaries(self) -> np.ndarray | None:
-        counts = self.document_counts()
-        if counts is None:
+        if self.document_counts() is None:
             return None
+        return self._documents_table()[0]
+
+    def _checked_boundaries(self, counts: np.ndarray) -> np.ndarray:
+        """The sidecar's document boundaries, frozen, once they agree with the table."""
         sidecar = self.path.parent / str(self._documents_file)
         where = f"token file {sidecar}"
-        boundaries = np.array(self._read_sidecar(sidecar), dtype=np.int64)
+        boundaries = frozen(np.asarray(self._read_sidecar(sidecar), dtype=np.int64))
         starts = cumulative(self.lengths)
         firsts = cumulative(counts)
         if boundaries.shape != (int(firsts[-1]) + 1,) or boundaries[-1] != starts[-1]:
@@ -107,12 +110,13 @@ class ManifestShards(MappedShards):
                 f"{int(firsts[-1])} documents and {int(starts[-1])} tokens need "
                 f"{int(firsts[-1]) + 1} ending at {int(starts[-1])}"
             )
-        shard_of = np.repeat(np.arange(counts.shape[0]), counts)
+        # Rising throughout, so a shard's documents lie in it when its first starts at its
+        # first token and its last starts no later than its end: O(shards) beyond the one pass.
         has = counts > 0
         if (
-            np.any(np.diff(boundaries) < 0)
+            np.any(boundaries[1:] < boundaries[:-1])
             or np.any(boundaries[firsts[:-1][has]] != starts[:-1][has])
-            or np.any(boundaries[:-1] > starts[1:][shard_of])
+            or np.any(boundaries[firsts[1:][has] - 1] > starts[1:][has])
         ):
             raise ValueError(
                 f"{where}: document boundaries must rise through each shard from its first token"
@@ -186,17 +190,22 @@ class ManifestShards(MappedShards):
         if offsets is not None:
             boundaries, firsts, starts = self._documents_table()
             first, start = int(firsts[index]), int(starts[index])
-            if not np.array_equal(boundaries[first : first + said] - start, offsets[:-1]):
-                raise ValueError(
-                    f"{where}: its documents are not those the manifest {self.path} records"
-                )
+            recorded, found_starts = boundaries[first : first + said], offsets[:-1]
+            # In chunks: no copy of a shard's documents beside the two tables.
+            for low in range(0, said, _validate.SCAN_CHUNK):
+                high = low + _validate.SCAN_CHUNK
+                if not np.array_equal(recorded[low:high] - start, found_starts[low:high]):
+                    raise ValueError(
+                        f"{where}: its documents are not those the manifest {self.path} records"
+                    )
 
     def _documents_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(boundaries, each shard's first document, each shard's first token)``, made once
-        (a shard's check then costs no pass over the table)."""
+        """``(boundaries, each shard's first document, each shard's first token)``, read and
+        checked once: the corpus's boundaries, and each shard's first read compares with them."""
         if self._documents_cache is None:
-            counts, boundaries = self.document_counts(), self.document_boundaries()
-            assert counts is not None and boundaries is not None
+            counts = self.document_counts()
+            assert counts is not None
+            boundaries = self._checked_boundaries(counts)
             self._documents_cache = (boundaries, cumulative(counts), cumulative(self.lengths))
         return self._documents_cache
 
