@@ -22,7 +22,7 @@ def frozen(array: np.ndarray) -> np.ndarray:
     are computed from. An array already frozen (contiguous, its memory a ``bytes`` object) is
     returned as it is: a corpus and its source share one copy of their O(documents) tables.
     """
-    root = array
+    root: object = array
     while isinstance(root, np.ndarray):
         root = root.base
     if type(root) is bytes and array.flags.c_contiguous:
