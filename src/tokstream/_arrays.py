@@ -55,7 +55,7 @@ def document_starts(offsets: np.ndarray | None, length: int, name: str) -> np.nd
             f"{name}: document boundaries must be a 1-D integer array of at least 1 offset, "
             f"got shape {offsets.shape} and dtype {offsets.dtype}"
         )
-    offsets = offsets.astype(np.int64)
+    offsets = offsets.astype(np.int64, copy=False)  # read only: the corpus copies them
     if offsets[0] != 0 or offsets[-1] != length or np.any(offsets[1:] < offsets[:-1]):
         raise ValueError(
             f"{name}: document boundaries must rise from 0 to the shard's {length} tokens, "

@@ -153,18 +153,19 @@ class Corpus:
         np.cumsum(lengths[:-1], out=shard_starts[1:])
         # Every document's first token, as an index into the shards laid end to end; a shard
         # boundary is always a document boundary. Followed by the total, so diff = lengths.
-        total = np.array([lengths.sum()], dtype=np.int64)
-        boundaries = np.concatenate(
-            [s + base for s, base in zip(starts, shard_starts, strict=True)] + [total]
-        )
-        first_documents = np.zeros(len(arrays), dtype=np.int64)
-        np.cumsum([len(s) for s in starts[:-1]], out=first_documents[1:])
+        # Written in place: no other array of the documents' size on the way.
+        first_documents = cumulative(np.array([s.shape[0] for s in starts], dtype=np.int64))
+        boundaries = np.empty(first_documents[-1] + 1, dtype=np.int64)
+        for shard, base in enumerate(shard_starts):
+            into = boundaries[first_documents[shard] : first_documents[shard + 1]]
+            np.add(starts[shard], base, out=into)
+        boundaries[-1] = lengths.sum()
         self._shards: Sequence[np.ndarray] = tuple(arrays)
         self._source: ShardSource | None = None
         self._dtype = arrays[0].dtype
         self._lengths = frozen(lengths)
         self._shard_starts = frozen(shard_starts)
-        self._shard_first_document: np.ndarray | None = frozen(first_documents)
+        self._shard_first_document: np.ndarray | None = frozen(first_documents[:-1])
         self._document_boundaries: np.ndarray | None = frozen(boundaries)
         self._has_documents = any(offsets is not None for offsets in document_offsets)
         self._set_eos_tables()
