@@ -85,6 +85,9 @@ def test_readers_record_documents_per_shard_and_they_are_checked():
         (np.array([1, 5]), "rise from 0"),
         (np.array([0, 4]), "rise from 0"),
         (np.array([0, 3, 2, 5]), "decrease"),
+        (np.array([0, 7, 5]), "decrease"),
+        (np.array([0, 2**63 + 1, 5], dtype=np.uint64), "decrease"),  # wraps negative as int64
+        (np.array([[0, 5]]), "integer array"),
         (np.array([0.0, 5.0]), "integer array"),
         (np.array([5]), "rise from 0"),  # [0] alone is an empty shard of no documents
         (np.array([], dtype=np.int64), "at least 1 offset"),

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
-from tokstream._arrays import document_starts, frozen, same_dtype_arrays
+from tokstream._arrays import frozen, offsets_array, same_dtype_arrays, write_document_starts
 from tokstream._arrays import read_only as _read_only
 from tokstream._filemap import FileMap, MappedFiles, file_map_of
 from tokstream._shardsource import LazyShards, ShardSource
@@ -145,20 +145,24 @@ class Corpus:
             raise ValueError(
                 f"{name}: {len(document_offsets)} document boundary arrays for {len(arrays)} shards"
             )
-        starts = [
-            document_starts(offsets, int(length), shard_name)
-            for offsets, length, shard_name in zip(document_offsets, lengths, names, strict=True)
+        offsets_of = [
+            offsets_array(offsets, shard_name)
+            for offsets, shard_name in zip(document_offsets, names, strict=True)
         ]
         shard_starts = np.zeros(len(arrays), dtype=np.int64)
         np.cumsum(lengths[:-1], out=shard_starts[1:])
         # Every document's first token, as an index into the shards laid end to end; a shard
         # boundary is always a document boundary. Followed by the total, so diff = lengths.
         # Written in place: no other array of the documents' size on the way.
-        first_documents = cumulative(np.array([s.shape[0] for s in starts], dtype=np.int64))
+        first_documents = cumulative(
+            np.array([1 if o is None else o.shape[0] - 1 for o in offsets_of], dtype=np.int64)
+        )
         boundaries = np.empty(first_documents[-1] + 1, dtype=np.int64)
-        for shard, base in enumerate(shard_starts):
+        for shard, offsets in enumerate(offsets_of):
             into = boundaries[first_documents[shard] : first_documents[shard + 1]]
-            np.add(starts[shard], base, out=into)
+            write_document_starts(
+                offsets, int(lengths[shard]), names[shard], into, int(shard_starts[shard])
+            )
         boundaries[-1] = lengths.sum()
         self._shards: Sequence[np.ndarray] = tuple(arrays)
         self._source: ShardSource | None = None
