@@ -271,3 +271,68 @@ def test_no_edit_a_caller_can_make_lets_a_stream_read_outside_the_shards():
         [sys.executable, "-c", _HOSTILE_EDITS], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+# The same edits after a pickle round trip, as a spawned DataLoader worker receives a corpus:
+# NumPy unpickles every array writeable, so each table is frozen again as it arrives. A corpus
+# read through a manifest (a shard source), its shards opened before the edits.
+_UNPICKLED_EDITS = """
+import pickle, sys
+import numpy as np
+from tokstream import Corpus, mix, open_tokens, split, stream_token_source
+
+def edit(array):
+    try:
+        array.setflags(write=True)
+    except ValueError:
+        return
+    array[...] = 2**28
+
+def batches(corpus, **options):
+    stream = stream_token_source(corpus, 8, 4, shuffle=True, seed=3, epochs=2, **options)
+    return [(b["input_ids"] if isinstance(b, dict) else b[0]).copy() for b in stream]
+
+opened = open_tokens(sys.argv[1])
+sources = {
+    "manifest": opened,
+    "mixture": mix({"m": opened, "a": np.arange(300, dtype=np.uint16)}, {"m": 1, "a": 1}),
+    "split": split(opened, {"train": 0.7, "val": 0.3})["train"],
+}
+for name, source in sources.items():
+    for options in ({}, {"windows": "within"}, {"windows": "packed", "pad": 0}):
+        expected = batches(source, **options)
+        worker = pickle.loads(pickle.dumps(source))
+        assert all(np.array_equal(g, e) for g, e in zip(batches(worker, **options), expected))
+        corpora = [worker]
+        if not isinstance(worker, Corpus):  # a mixture: its joined corpus and its sources
+            corpora = [worker.corpus, *worker.sources.values()]
+        for corpus in corpora:
+            for array in (corpus.lengths, corpus.document_boundaries, corpus.shard_starts):
+                edit(array)
+            if corpus.source is not None:
+                edit(corpus.source.lengths)
+        got = batches(worker, **options)
+        assert len(got) == len(expected), (name, options)
+        assert all(np.array_equal(g, e) for g, e in zip(got, expected)), (name, options)
+print("ok")
+"""
+
+
+def test_no_edit_of_an_unpickled_corpus_lets_a_stream_read_outside_the_shards(tmp_path):
+    from tokstream import writing
+    from tokstream.manifest import write_manifest
+
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        documents = [rng.integers(0, 1000, n).astype(np.uint16) for n in rng.integers(1, 60, 12)]
+        writing.write_tokens(
+            tmp_path / f"part{i}", Corpus.from_documents(documents), format="megatron"
+        )
+    manifest = write_manifest(str(tmp_path / "part*.bin"), tmp_path / "manifest.json")
+    done = subprocess.run(
+        [sys.executable, "-c", _UNPICKLED_EDITS, str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -31,6 +31,21 @@ def frozen(array: np.ndarray) -> np.ndarray:
     return np.frombuffer(array.tobytes(), dtype=array.dtype).reshape(array.shape)
 
 
+def frozen_state(state: dict[str, Any]) -> dict[str, Any]:
+    """An unpickled object's ``__dict__`` with every array frozen again (NumPy unpickles arrays
+    writeable, whatever they were): what :func:`frozen` protected stays protected in a spawned
+    worker. Arrays that were one object stay one."""
+    copies: dict[int, np.ndarray] = {}
+    thawed = {}
+    for key, value in state.items():
+        if isinstance(value, np.ndarray):
+            if id(value) not in copies:
+                copies[id(value)] = frozen(value)
+            value = copies[id(value)]
+        thawed[key] = value
+    return thawed
+
+
 def same_dtype_arrays(documents: Sequence[Any]) -> list[np.ndarray] | None:
     """``documents`` as they are when all are 1-D ndarrays of one integer dtype, else None."""
     first = documents[0]

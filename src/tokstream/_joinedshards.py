@@ -37,6 +37,10 @@ class JoinedShards(ShardSource):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_bases": [None] * len(self._corpora)}  # this process' only
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.names = _JoinedNames(state["names"].labels, self._first)  # the one frozen table
+
     def _split(self, shards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each global shard's corpus and its shard index there."""
         which = np.searchsorted(self._first, shards, side="right") - 1

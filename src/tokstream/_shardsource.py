@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tokstream._arrays import frozen
+from tokstream._arrays import frozen, frozen_state
 from tokstream._filemap import FileMap
 
 #: Shard maps a :class:`MappedShards` keeps open by default (a batch in flight whose windows
@@ -96,6 +96,10 @@ class ShardSource:
             if name == "lengths":
                 value = frozen(np.asarray(value, np.int64))
         super().__setattr__(name, value)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Past __setattr__: the lengths (and every other table) frozen again as unpickled.
+        self.__dict__.update(frozen_state(state))
 
     def __len__(self) -> int:
         return int(self.lengths.shape[0])
@@ -182,7 +186,7 @@ class MappedShards(ShardSource):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        super().__setstate__(state)
         self._reset()
 
     def _open(self, index: int) -> np.ndarray:

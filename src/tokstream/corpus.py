@@ -18,7 +18,13 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
-from tokstream._arrays import frozen, offsets_array, same_dtype_arrays, write_document_starts
+from tokstream._arrays import (
+    frozen,
+    frozen_state,
+    offsets_array,
+    same_dtype_arrays,
+    write_document_starts,
+)
 from tokstream._arrays import read_only as _read_only
 from tokstream._filemap import FileMap, MappedFiles, file_map_of
 from tokstream._shardsource import LazyShards, ShardSource
@@ -300,16 +306,11 @@ class Corpus:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if state.get("_source") is not None:
-            self.__dict__.update(state)
-            return
-        shards = state["_shards"] = tuple(np.asarray(shard) for shard in state["_shards"])
-        for shard in shards:
-            shard.flags.writeable = False  # unpickled arrays come back writeable
-        for key, value in state.items():
-            if isinstance(value, np.ndarray):
-                state[key] = frozen(value)
-        self.__dict__.update(state)
+        if state.get("_source") is None:
+            shards = state["_shards"] = tuple(np.asarray(shard) for shard in state["_shards"])
+            for shard in shards:
+                shard.flags.writeable = False  # unpickled arrays come back writeable
+        self.__dict__.update(frozen_state(state))
 
     def window_offsets(self, block: int, stride: int = 1) -> np.ndarray:
         """``offsets[j]`` = index of shard ``j``'s first window; ``offsets[-1]`` = window count."""
