@@ -36,14 +36,14 @@ def frozen_state(state: dict[str, Any]) -> dict[str, Any]:
     writeable, whatever they were): what :func:`frozen` protected stays protected in a spawned
     worker. Arrays that were one object stay one."""
     copies: dict[int, np.ndarray] = {}
-    thawed = {}
+    refrozen = {}
     for key, value in state.items():
         if isinstance(value, np.ndarray):
             if id(value) not in copies:
                 copies[id(value)] = frozen(value)
             value = copies[id(value)]
-        thawed[key] = value
-    return thawed
+        refrozen[key] = value
+    return refrozen
 
 
 def same_dtype_arrays(documents: Sequence[Any]) -> list[np.ndarray] | None:
