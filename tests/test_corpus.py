@@ -197,9 +197,8 @@ def test_a_frozen_array_is_frozen_again_without_a_copy_and_anything_else_is_copi
 # A caller's worst: every array the corpus hands out edited to point far outside the shards,
 # every public attribute of a corpus, a mixture and a stream reassigned. In a child process,
 # since a kernel reading out of bounds ends it with SIGSEGV.
-_HOSTILE_EDITS = """
+_EDIT = """
 import numpy as np
-from tokstream import Corpus, mix, stream_token_source
 
 def edit(array):
     try:
@@ -207,6 +206,11 @@ def edit(array):
     except ValueError:
         return
     array[...] = 2**40
+"""
+_HOSTILE_EDITS = (
+    _EDIT
+    + """
+from tokstream import Corpus, mix, stream_token_source
 
 shards = [np.arange(2000, dtype=np.uint16), np.arange(3000, dtype=np.uint16)]
 corpus = Corpus._from_arrays(shards, ["a", "b"], "s", [np.array([0, 700, 2000]), None])
@@ -264,6 +268,7 @@ except ValueError:
     pass
 print("ok")
 """
+)
 
 
 def test_no_edit_a_caller_can_make_lets_a_stream_read_outside_the_shards():
@@ -276,17 +281,11 @@ def test_no_edit_a_caller_can_make_lets_a_stream_read_outside_the_shards():
 # The same edits after a pickle round trip, as a spawned DataLoader worker receives a corpus:
 # NumPy unpickles every array writeable, so each table is frozen again as it arrives. A corpus
 # read through a manifest (a shard source), its shards opened before the edits.
-_UNPICKLED_EDITS = """
+_UNPICKLED_EDITS = (
+    _EDIT
+    + """
 import pickle, sys
-import numpy as np
 from tokstream import Corpus, mix, open_tokens, split, stream_token_source
-
-def edit(array):
-    try:
-        array.setflags(write=True)
-    except ValueError:
-        return
-    array[...] = 2**28
 
 def batches(corpus, **options):
     stream = stream_token_source(corpus, 8, 4, shuffle=True, seed=3, epochs=2, **options)
@@ -316,6 +315,7 @@ for name, source in sources.items():
         assert all(np.array_equal(g, e) for g, e in zip(got, expected)), (name, options)
 print("ok")
 """
+)
 
 
 def test_no_edit_of_an_unpickled_corpus_lets_a_stream_read_outside_the_shards(tmp_path):
