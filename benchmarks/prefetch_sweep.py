@@ -5,7 +5,7 @@
 For each shape of docs/benchmarks.md, both copy the same number of fresh random windows (about 2M
 tokens a round, new windows every round, one reused output buffer) at each distance of
 ``tokstream.bench.baselines.C_LOOP_DISTANCES``; the best round of each is printed in Mtok/s, with
-the distance ``tokstream._space.cache_ahead`` picks for the kernel. The sweep behind that
+the distance ``tokstream._batch.cache_ahead`` picks for the kernel. The sweep behind that
 rule.
 """
 
@@ -17,8 +17,8 @@ import time
 import numpy as np
 
 from tokstream import bench
+from tokstream._batch import cache_ahead
 from tokstream._kernels.gather import gather_windows
-from tokstream._space import cache_ahead
 from tokstream.bench._loop import copy_windows
 from tokstream.bench.baselines import C_LOOP_DISTANCES
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import KERNEL_DTYPES
+from tokstream._batch import CACHE_AHEAD_BYTES, CACHE_AHEAD_MAX_WINDOWS, cache_ahead, rows_ahead
 from tokstream._kernels import DEBUG_BUILD, gather
-from tokstream._space import CACHE_AHEAD_BYTES, CACHE_AHEAD_MAX_WINDOWS, cache_ahead, rows_ahead
 
 
 def test_loaded_kernel_is_the_compiled_extension():

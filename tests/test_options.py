@@ -10,7 +10,7 @@ import pytest
 
 from tokstream import Corpus, TokenStream, mix, stream_token_source
 from tokstream._options import StreamOptions
-from tokstream.stream import stream_source
+from tokstream.plan import stream_source
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -32,13 +32,20 @@ from tokstream._kernels.documents import document_pieces, gather_documents
 from tokstream._kernels.gather import gather_at, gather_windows
 from tokstream._kernels.packed_copy import fill_packed
 from tokstream._options import StreamOptions
-from tokstream._packed import PackedMixtureSpace, PackedSpace
-from tokstream._space import WindowSpace, cache_ahead, rows_ahead
 from tokstream.remote._resident import Residency
+
+if TYPE_CHECKING:
+    from tokstream._packed import PackedMixtureSpace, PackedSpace
+    from tokstream._space import WindowSpace
 
 #: A batch: ``(windows, targets)``, or with extras a dict of arrays (and ``"max_seqlen"``, an
 #: int, beside ``"cu_seqlens"``).
 Batch: TypeAlias = tuple[np.ndarray, np.ndarray] | dict[str, np.ndarray | int]
+
+#: The kernel requests about this many bytes of window data into the cache ahead of the window
+#: it copies, and at most this many windows ahead (see :func:`cache_ahead`).
+CACHE_AHEAD_BYTES = 2048
+CACHE_AHEAD_MAX_WINDOWS = 32
 
 #: The pieces a row may have for ``"cu_seqlens"`` to be found in one pass (see assemble).
 _PIECES_A_ROW = 4
@@ -128,6 +135,42 @@ class BufferPool:
 def rows_of(buffers: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]:
     """The first ``count`` rows of every buffer (views)."""
     return {name: buffer[:count] for name, buffer in buffers.items()}
+
+
+def cache_ahead(block: int, dtype: np.dtype) -> int:
+    """How many windows ahead of the one it copies the kernel requests into the cache (a
+    software prefetch), for a random order.
+
+    Found by sweeping distances 0-64 over block 8-3072, int64 and uint16 corpora in and beyond
+    the last-level cache (``benchmarks/prefetch_sweep.py``): the best distance keeps about
+    ``CACHE_AHEAD_BYTES`` (32 cache lines) of window data in flight, e.g. 28 windows of 8 int64
+    tokens, 7 of 128 uint16 tokens, one of 1024 uint16 tokens or of 128 int64 tokens. Windows
+    longer than 33 cache lines (a 2 KiB window) are better off without: the hardware prefetcher
+    streams each after its first lines, and the extra instructions cost up to 3x. The same rule
+    holds for windows of the output dtype, which are copied by ``memcpy``: a stream of int64
+    windows of 129 tokens with shifted targets (two copies a window) ran 1.4-1.6x faster with one
+    or two windows requested ahead than with none.
+    """
+    window_bytes = (block + 1) * dtype.itemsize
+    if window_bytes > 33 * 64:
+        return 0
+    return max(1, min(CACHE_AHEAD_MAX_WINDOWS, CACHE_AHEAD_BYTES // window_bytes))
+
+
+def rows_ahead(block: int, dtype: np.dtype) -> int:
+    """How many packed rows ahead of the one it fills the packed-row kernel requests the pieces
+    of into the cache, for shuffled packing (pieces of random documents, each a cache miss).
+
+    About twice :data:`CACHE_AHEAD_BYTES` of rows (``block + 1`` slots of ``dtype`` tokens),
+    none for rows longer than that, which the hardware prefetcher streams: a row of 129 int64
+    tokens 3 ahead, of 1025 uint16 tokens one, of 1025 int64 tokens none. Measured on the
+    documents corpus of ``benchmarks/out_dtype.py`` (load ~10): the kernel's time at block 128
+    fell by a third with 2-4 rows ahead, at block 1024 it did not change.
+    """
+    row_bytes = (block + 1) * dtype.itemsize
+    if row_bytes > 2 * CACHE_AHEAD_BYTES:
+        return 0
+    return max(1, min(CACHE_AHEAD_MAX_WINDOWS, 2 * CACHE_AHEAD_BYTES // row_bytes))
 
 
 class WindowFill:
@@ -354,13 +397,6 @@ class _OutsideOutDtype:
 
     def __call__(self) -> ValueError:
         return ValueError(self._message)
-
-
-def filler(space: WindowSpace | PackedSpace | PackedMixtureSpace, options: StreamOptions) -> Fill:
-    """The filler of a stream's batches over ``space``."""
-    if isinstance(space, WindowSpace):
-        return WindowFill(space, options)
-    return PackedFill(space, options)
 
 
 def check_shapes(

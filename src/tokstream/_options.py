@@ -118,7 +118,7 @@ class StreamOptions:
         stride = positive_int(values["stride"], "stride")
         eos = None if values["eos"] is None else exact_int(values["eos"], "eos")
         windows = choice(values["windows"], "windows", WINDOW_POLICIES)
-        packed = windows == "packed"
+        packed = packs_documents(windows)
         # Packed rows are labelled by their shifted tokens: the default becomes "shifted".
         if targets is None:
             targets = "shifted" if packed else "next"
@@ -151,9 +151,8 @@ class StreamOptions:
                 raise ValueError(f"{what} needs a tokstream.mix() mixture as token_ids")
         permutation = values["permutation"]
         if permutation is None:
-            permutation = default_permutation(
-                reference_input and not mixture, stride == 1 and eos is None and windows == "cross"
-            )
+            reference_windows = stride == 1 and eos is None and not splits_at_documents(windows)
+            permutation = default_permutation(reference_input and not mixture, reference_windows)
         permutation = choice(permutation, "permutation", PERMUTATIONS)
         if mixture and permutation == "materialized":
             raise ValueError(
@@ -205,6 +204,36 @@ class StreamOptions:
     def global_batch_size(self) -> int:
         """Windows per global step, all ranks together."""
         return self.world_size * self.batch_size
+
+    @property
+    def packed(self) -> bool:
+        """Samples are rows of whole documents packed by best fit (``windows="packed"``)."""
+        return packs_documents(self.windows)
+
+    @property
+    def within_documents(self) -> bool:
+        """Samples are windows that lie inside one document (``windows="within"``)."""
+        return windows_within_documents(self.windows)
+
+
+# What each window policy means, the one place its values are read: the plan
+# (tokstream.plan), the corpus' counts and the command line ask these.
+
+
+def packs_documents(windows: str) -> bool:
+    """Whether ``windows`` makes rows of whole documents packed by best fit."""
+    return windows == "packed"
+
+
+def windows_within_documents(windows: str) -> bool:
+    """Whether ``windows`` keeps only the windows that lie inside one document."""
+    return windows == "within"
+
+
+def splits_at_documents(windows: str) -> bool:
+    """Whether ``windows``' samples stop at document boundaries (any policy but ``"cross"``):
+    the documents then decide which samples there are."""
+    return windows != "cross"
 
 
 def _packed_checks(pad: int | None, eos: int | None, stride: int, permutation: Any) -> int:

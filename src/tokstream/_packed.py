@@ -362,17 +362,6 @@ class PackedMixtureOrder(MixtureOrder):
         return schedule[:, 1] * self._sources + schedule[:, 0]
 
 
-def packed_parts(
-    source: Corpus | Mixture, options: StreamOptions
-) -> tuple[PackedSpace | PackedMixtureSpace, WindowOrder]:
-    """The space and the order of a packed stream over a corpus or a mixture."""
-    if isinstance(source, Mixture):
-        space = PackedMixtureSpace(source, options)
-        return space, PackedMixtureOrder(source, space, options)
-    packed = PackedSpace(source, options)
-    return packed, PackedOrder(packed.num_windows, options)
-
-
 def _runs(values: np.ndarray) -> list[tuple[int, int]]:
     """``(begin, end)`` of each run of equal consecutive ``values`` (at least one value)."""
     cuts = (np.flatnonzero(values[1:] != values[:-1]) + 1).tolist()

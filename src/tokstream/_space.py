@@ -21,51 +21,10 @@ from tokstream._shardsource import Readable
 from tokstream._windowing import capped_stride, cumulative, windows_per_segment
 from tokstream.corpus import Corpus
 
-#: The kernel requests about this many bytes of window data into the cache ahead of the window
-#: it copies, and at most this many windows ahead (see :func:`cache_ahead`).
-CACHE_AHEAD_BYTES = 2048
-CACHE_AHEAD_MAX_WINDOWS = 32
-
 #: Windows are bucketed into at least this many buckets (when there are as many windows), so
 #: that with a few segments almost every bucket lies inside one: the segment lookup then takes
 #: no search, and no branch whose outcome random windows would make a coin flip.
 MIN_SEGMENT_BUCKETS = 1024
-
-
-def cache_ahead(block: int, dtype: np.dtype) -> int:
-    """How many windows ahead of the one it copies the kernel requests into the cache (a
-    software prefetch), for a random order.
-
-    Found by sweeping distances 0-64 over block 8-3072, int64 and uint16 corpora in and beyond
-    the last-level cache (``benchmarks/prefetch_sweep.py``): the best distance keeps about
-    ``CACHE_AHEAD_BYTES`` (32 cache lines) of window data in flight, e.g. 28 windows of 8 int64
-    tokens, 7 of 128 uint16 tokens, one of 1024 uint16 tokens or of 128 int64 tokens. Windows
-    longer than 33 cache lines (a 2 KiB window) are better off without: the hardware prefetcher
-    streams each after its first lines, and the extra instructions cost up to 3x. The same rule
-    holds for windows of the output dtype, which are copied by ``memcpy``: a stream of int64
-    windows of 129 tokens with shifted targets (two copies a window) ran 1.4-1.6x faster with one
-    or two windows requested ahead than with none.
-    """
-    window_bytes = (block + 1) * dtype.itemsize
-    if window_bytes > 33 * 64:
-        return 0
-    return max(1, min(CACHE_AHEAD_MAX_WINDOWS, CACHE_AHEAD_BYTES // window_bytes))
-
-
-def rows_ahead(block: int, dtype: np.dtype) -> int:
-    """How many packed rows ahead of the one it fills the packed-row kernel requests the pieces
-    of into the cache, for shuffled packing (pieces of random documents, each a cache miss).
-
-    About twice :data:`CACHE_AHEAD_BYTES` of rows (``block + 1`` slots of ``dtype`` tokens),
-    none for rows longer than that, which the hardware prefetcher streams: a row of 129 int64
-    tokens 3 ahead, of 1025 uint16 tokens one, of 1025 int64 tokens none. Measured on the
-    documents corpus of ``benchmarks/out_dtype.py`` (load ~10): the kernel's time at block 128
-    fell by a third with 2-4 rows ahead, at block 1024 it did not change.
-    """
-    row_bytes = (block + 1) * dtype.itemsize
-    if row_bytes > 2 * CACHE_AHEAD_BYTES:
-        return 0
-    return max(1, min(CACHE_AHEAD_MAX_WINDOWS, 2 * CACHE_AHEAD_BYTES // row_bytes))
 
 
 class WindowSpace:
@@ -78,7 +37,8 @@ class WindowSpace:
     it falls in; only segments that hold a window are kept, so the space costs O(segments).
     Every index handed to :meth:`locate` must lie in ``[0, num_windows)``; the stream
     guarantees it. ``random_order`` says whether the windows come in a random order (the
-    kernels then request windows into the cache ahead of the copy, see :func:`cache_ahead`).
+    kernels then request windows into the cache ahead of the copy, see
+    :func:`tokstream._batch.cache_ahead`).
 
     :attr:`documents` says where documents start (the corpus' recorded documents and, given
     ``eos``, the token that ends one), for the rows' position ids and loss mask.
@@ -243,7 +203,7 @@ def window_space(corpus: Corpus, options: StreamOptions) -> WindowSpace:
     ``options.eos`` is a token id of the corpus dtype (a rule of ``StreamOptions.create``);
     here the corpus only says whether it holds that token (``Corpus.check_eos``)."""
     boundaries = None
-    if options.windows == "within":
+    if options.within_documents:
         boundaries = (
             corpus.document_boundaries
             if options.eos is None

@@ -43,20 +43,15 @@ class Cursor(NamedTuple):
     rng_state: tuple[Any, ...] | None
 
 
-def fingerprint(corpus: Any, options: Any, space: Any) -> dict[str, Any]:
+def fingerprint(corpus: Any, options: Any, segments_sha256: str | None) -> dict[str, Any]:
     """The fingerprint of a stream's global window sequence, as JSON-friendly values.
 
-    ``space`` is the stream's window index space (:class:`~tokstream._space.WindowSpace`, or
-    :class:`~tokstream.packing.PackedSpace`): within documents or packed, where the documents
-    decide the samples, it is hashed, since the same shard lengths and settings over other
-    document boundaries lay out other windows.
+    ``segments_sha256`` is the hash of the stream's segments where the documents decide the
+    samples (within documents, packed: the same shard lengths and settings over other document
+    boundaries lay out other windows), else None (:meth:`tokstream.plan.Plan.fingerprint`).
     """
     lengths = np.ascontiguousarray(corpus.lengths, dtype="<i8").tobytes()
-    within = (
-        {"window_segments_sha256": space.segments_sha256()}
-        if options.windows in ("within", "packed")
-        else {}
-    )
+    within = {} if segments_sha256 is None else {"window_segments_sha256": segments_sha256}
     return {
         "num_tokens": corpus.num_tokens,
         "num_shards": len(corpus.shards),

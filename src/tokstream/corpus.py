@@ -27,6 +27,7 @@ from tokstream._arrays import (
 )
 from tokstream._arrays import read_only as _read_only
 from tokstream._filemap import FileMap, MappedFiles, file_map_of
+from tokstream._options import windows_within_documents
 from tokstream._shardsource import LazyShards, ShardSource
 from tokstream._windowing import covered_tokens, cumulative, windows_per_segment
 from tokstream.remote._memory import remote_tokens_of
@@ -440,7 +441,7 @@ class Corpus:
         of the corpus a policy keeps (``tokstream inspect --block N`` prints both).
         """
         _validate.choice(windows, "windows", ("cross", "within"))
-        if windows == "cross":
+        if not windows_within_documents(windows):
             return covered_tokens(self._lengths, block, stride)
         boundaries = self.document_boundaries if eos is None else self.boundaries_with_eos(eos)
         return covered_tokens(np.diff(boundaries), block, stride)

@@ -127,6 +127,12 @@ class Mixture:
         )
 
 
+def mixture_of(value: object) -> Mixture | None:
+    """``value`` when it is a :class:`Mixture`, else None: the one test of whether a source is a
+    mixture (the stream's plan, :func:`mix` and :func:`tokstream.split` ask it)."""
+    return value if isinstance(value, Mixture) else None
+
+
 def mix(sources: Mapping[str, Any], weights: Mapping[str, Any] | Sequence[Any]) -> Mixture:
     """A weighted mixture of token sources, for ``token_ids`` of any stream entry point.
 
@@ -182,7 +188,7 @@ def mix(sources: Mapping[str, Any], weights: Mapping[str, Any] | Sequence[Any]) 
     for name, tokens in sources.items():
         if not isinstance(name, str):
             raise TypeError(f"source names must be str, got {name!r} ({type(name).__name__})")
-        if isinstance(tokens, Mixture):
+        if mixture_of(tokens) is not None:
             raise TypeError(
                 f"{_label(name)} is a mixture; give its sources to one mix() with their weights"
             )
@@ -318,7 +324,7 @@ class MixtureOrder(WindowOrder):
         counts = np.diff(offsets)
         for name, count in zip(mixture.names, counts, strict=True):
             if count == 0:
-                inside = " inside one document" if options.windows == "within" else ""
+                inside = " inside one document" if options.within_documents else ""
                 raise ValueError(
                     f"{_label(name)} holds no window of block + 1 = {options.block + 1} "
                     f"tokens{inside}, so it cannot give its share of the samples"
@@ -358,15 +364,6 @@ class MixtureOrder(WindowOrder):
             **schedule_fingerprint(mixture.integer_stages),
             "samples": self.num_windows,
         }
-
-
-def window_order(
-    source: Corpus | Mixture, space: WindowSpace, options: StreamOptions
-) -> WindowOrder:
-    """The order of a stream's windows: a mixture's schedule, else one corpus's order."""
-    if isinstance(source, Mixture):
-        return MixtureOrder(source, space, options)
-    return WindowOrder(space.num_windows, options)
 
 
 def mixture_windows(

@@ -39,7 +39,7 @@ from tokstream._filemap import FileMap
 from tokstream._shardsource import Readable, ShardSource
 from tokstream._windowing import cumulative
 from tokstream.corpus import Corpus
-from tokstream.mixture import Mixture, exact_weight, mix
+from tokstream.mixture import Mixture, exact_weight, mix, mixture_of
 
 __all__ = ["split"]
 
@@ -99,8 +99,9 @@ def split(
     weights = _fractions(fractions)
     seed = _validate.seed_int(seed, "seed")
     range_tokens = _validate.positive_int(range_tokens, "range_tokens")
-    if isinstance(corpus_or_paths, Mixture):
-        return _split_mixture(corpus_or_paths, weights, seed, range_tokens)
+    mixture = mixture_of(corpus_or_paths)
+    if mixture is not None:
+        return _split_mixture(mixture, weights, seed, range_tokens)
     corpus = _corpus_of(corpus_or_paths)
     bounds = _unit_bounds(corpus, range_tokens)
     owners = assign(sum(len(b) - 1 for b in bounds), weights, seed)

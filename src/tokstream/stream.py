@@ -21,13 +21,12 @@ import numpy as np
 from tokstream import _batch, _state, _validate
 from tokstream._batch import Batch
 from tokstream._options import StreamOptions, expose_options, stream_signature
-from tokstream._packed import PackedMixtureSpace, PackedSpace, packed_parts
 from tokstream._prefetch import Prefetcher
 from tokstream._readahead import read_ahead
-from tokstream._space import WindowSpace, window_space
 from tokstream._state import Cursor
 from tokstream.corpus import Corpus
-from tokstream.mixture import Mixture, window_order
+from tokstream.mixture import Mixture
+from tokstream.plan import plan, stream_source
 
 
 @expose_options
@@ -70,18 +69,11 @@ class TokenStream(Iterator[Batch]):
         return stream
 
     def _setup(self, source: Corpus | Mixture, options: StreamOptions) -> None:
-        corpus = source.corpus if isinstance(source, Mixture) else source
-        self._corpus = corpus
+        self._plan = plan(source, options)
+        self._corpus, self._space = self._plan.corpus, self._plan.space
+        self._order, self._fill = self._plan.order, self._plan.fill
         self._options = options
-        packed = options.windows == "packed"
-        self._space: WindowSpace | PackedSpace | PackedMixtureSpace
-        if packed:
-            self._space, self._order = packed_parts(source, options)
-        else:
-            self._space = window_space(corpus, options)
-            self._order = window_order(source, self._space, options)
-        self._fill = _batch.filler(self._space, options)
-        corpus.advise(options.shuffle)
+        self._corpus.advise(options.shuffle)
         self._readahead = read_ahead(self._order, self._space, options, self._fill.residency)
         self._lock = threading.Lock()
         self._closed = False
@@ -293,10 +285,7 @@ class TokenStream(Iterator[Batch]):
     def _fingerprint(self) -> dict[str, Any]:
         # Made on first use: within documents it hashes O(documents) arrays, a cost a stream
         # that never saves or loads a state should not pay.
-        return {
-            **_state.fingerprint(self._corpus, self._options, self._space),
-            **self._order.fingerprint(),
-        }
+        return self._plan.fingerprint()
 
     def state_dict(self) -> dict[str, Any]:
         """The cursor as a small JSON-serialisable dict (about 5 KB, no corpus data).
@@ -381,32 +370,6 @@ class TokenStream(Iterator[Batch]):
                     self._moved = cursor, self._order.next_epoch(cursor)
                     cursor = self._moved[1]
                 self._cursor, self._closed, self._delivered = cursor, False, None
-
-
-def stream_source(
-    token_ids: Any, block: Any, batch_size: Any, **options: Any
-) -> tuple[Corpus | Mixture, StreamOptions]:
-    """The token source of a stream call and its validated options.
-
-    A :func:`tokstream.mix` mixture is its own source; anything else becomes a
-    :class:`~tokstream.Corpus` (checked first, as the reference generator checks its array
-    first). The options are checked against the source: its token dtype (``eos``) and whether
-    it is a mixture (``samples``, the ``"source"`` extra, the implicit order).
-    """
-    if isinstance(token_ids, Mixture):
-        source: Corpus | Mixture = token_ids
-        corpus, mixture = token_ids.corpus, True
-    else:
-        source = corpus = Corpus.from_tokens(token_ids)
-        mixture = False
-    return source, StreamOptions.create(
-        block,
-        batch_size,
-        mixture=mixture,
-        token_dtype=corpus.dtype,
-        reference_input=not isinstance(token_ids, (Corpus, Mixture)),
-        **options,
-    )
 
 
 def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: Any) -> TokenStream:

@@ -58,7 +58,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
 
 from tokstream import _validate
 from tokstream._options import stream_signature
-from tokstream.stream import TokenStream, stream_source
+from tokstream.plan import stream_source
+from tokstream.stream import TokenStream
 
 __all__ = ["TensorBatch", "TokenDataset", "block_mask", "data_loader"]
 

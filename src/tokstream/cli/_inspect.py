@@ -13,6 +13,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from tokstream import _progress, _validate, files, manifest
+from tokstream._options import packs_documents
 from tokstream._windowing import covered_tokens
 from tokstream.bench.report import markdown_table
 from tokstream.cli import _inspect_step
@@ -267,7 +268,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
             progress,
             args.column,
             args.eos,
-            args.windows == "packed",
+            packs_documents(args.windows),
         )
         for path in _expand(args.files)
     ]
