@@ -32,7 +32,7 @@ from tokstream._kernels.documents import document_pieces, gather_documents
 from tokstream._kernels.gather import gather_at, gather_windows
 from tokstream._kernels.packed_copy import fill_packed
 from tokstream._options import StreamOptions
-from tokstream.remote._resident import Residency
+from tokstream.shards.remote._resident import Residency
 
 if TYPE_CHECKING:
     from tokstream._packed import PackedMixtureSpace, PackedSpace
