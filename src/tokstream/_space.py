@@ -15,10 +15,10 @@ import numpy as np
 
 from tokstream._arrays import frozen
 from tokstream._kernels.advice import advise_at
-from tokstream._kernels.gather import lookup_windows
 from tokstream._options import StreamOptions
 from tokstream._shardsource import Readable
 from tokstream._windowing import capped_stride, cumulative, windows_per_segment
+from tokstream._windows import lookup_windows
 from tokstream.corpus import Corpus
 
 #: The kernel requests about this many bytes of window data into the cache ahead of the window
