@@ -20,14 +20,8 @@ from tokstream import _windows
 from tokstream._kernels import advice, documents, mixture, order, pack, packed_copy
 from tokstream.bench import _device, _loop
 
-# Modules whose import has a side effect (the command line runs; a deprecated alias warns, which
-# tests/test_deprecated.py checks) or needs an optional extra.
-_NOT_IMPORTED = {
-    "tokstream.__main__",
-    "tokstream.baselines",
-    "tokstream.prefetch",
-    "tokstream.readahead",
-}
+# Modules whose import has a side effect (the command line runs).
+_NOT_IMPORTED = {"tokstream.__main__"}
 _OPTIONAL = {"torch", "matplotlib"}
 
 
