@@ -58,7 +58,7 @@ def gather_windows(
     to ``next_tokens[i]``; with ``targets`` the window shifted by one token goes to
     ``targets[i]``; exactly one of the two is given. With ``cache_ahead=d > 0`` every cache
     line of window ``i + d`` is requested (a software prefetch) before window ``i`` is copied
-    (:func:`tokstream._space.cache_ahead` chooses ``d``); 0 requests none, for consecutive
+    (:func:`tokstream._batch.cache_ahead` chooses ``d``); 0 requests none, for consecutive
     windows, which the hardware prefetcher already streams.
 
     Returns False when a token of a window (or its next token) does not fit the output dtype;

@@ -85,7 +85,7 @@ def fill_packed(
     order: ``cu_seqlens`` without its end (the pieces ``position_ids`` restarts at).
     With ``cache_ahead=d > 0`` the pieces of the batch's row ``k + d`` (of
     this call) are requested into the cache (a software prefetch) before row ``k`` is filled
-    (:func:`tokstream._space.rows_ahead` chooses ``d``).
+    (:func:`tokstream._batch.rows_ahead` chooses ``d``).
 
     The rows and the buffers are checked here: a row outside the table, a buffer not
     ``block`` wide or without rows ``first_row .. first_row + len(rows) - 1`` is a ValueError
