@@ -23,8 +23,9 @@ writes it as it goes):
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -46,6 +47,9 @@ Batch: TypeAlias = tuple[np.ndarray, np.ndarray] | dict[str, np.ndarray | int]
 #: it copies, and at most this many windows ahead (see :func:`cache_ahead`).
 CACHE_AHEAD_BYTES = 2048
 CACHE_AHEAD_MAX_WINDOWS = 32
+
+#: A compiled kernel: a fused function, specialised once per stream (:func:`specialised`).
+KernelT = TypeVar("KernelT", bound=Callable[..., Any])
 
 #: The pieces a row may have for ``"cu_seqlens"`` to be found in one pass (see assemble).
 _PIECES_A_ROW = 4
@@ -183,17 +187,14 @@ class WindowFill:
     taken specialised for the corpus dtype once, so no batch pays the fused-type dispatch.
     """
 
-    #: Whether a call writes the batch's pieces (``cu_seqlens``) as it copies.
-    finds_pieces = False
-
     def __init__(self, space: WindowSpace, options: StreamOptions) -> None:
         self.space = space
         self._block = space.block
         dtype = space.corpus.dtype
         key = kernel_key(dtype, options)
-        self._gather_windows = _windows.gather_windows.__signatures__[key]
-        self._gather_at = _windows.gather_at.__signatures__[key]
-        self._gather_documents = gather_documents.__signatures__[key]
+        self._gather_windows = specialised(_windows.gather_windows, key)
+        self._gather_at = specialised(_windows.gather_at, key)
+        self._gather_documents = specialised(gather_documents, key)
         # Selects the kernels' specialisation only; the windows are read from their addresses.
         self._anchor = np.empty(0, dtype)
         # Windows whose cache lines the kernels request ahead of the copy (0: none).
@@ -220,7 +221,7 @@ class WindowFill:
         With ``position_ids``, ``label_continues`` or ``document_ids`` (any of them) also the
         rows' document positions, their loss mask or each token's piece within its row.
         ``piece_starts`` is not written: windows' pieces are read back from their position ids
-        (:func:`assemble`), so None is returned (see :attr:`finds_pieces`).
+        (:func:`assemble`), so None is returned.
 
         Raises ValueError when a buffer's shape is not the batch's (see :func:`check_shapes`).
         """
@@ -290,14 +291,12 @@ class PackedFill:
     of pieces before any of its rows is copied). The kernel knows each row's pieces, so it
     writes their starts (``cu_seqlens``) as it copies."""
 
-    finds_pieces = True
-
     def __init__(self, space: PackedSpace | PackedMixtureSpace, options: StreamOptions) -> None:
         self.space = space
         self._block = space.block
         self._pad = space.pad
         dtype = space.corpus.dtype
-        self._fill_packed = fill_packed.__signatures__[kernel_key(dtype, options)]
+        self._fill_packed = specialised(fill_packed, kernel_key(dtype, options))
         # Selects the kernel's specialisation only; the pieces are read from their addresses.
         self._anchor = np.empty(0, dtype)
         self._refuse = _OutsideOutDtype(dtype, options.out_dtype)
@@ -372,6 +371,14 @@ class PackedFill:
 Fill: TypeAlias = WindowFill | PackedFill
 
 
+def specialised(kernel: KernelT, key: str) -> KernelT:
+    """``kernel``'s specialisation ``key`` (see :func:`kernel_key`): a Cython fused function's
+    entry in ``__signatures__``, called without the fused-type dispatch."""
+    # Cython sets __signatures__ on fused functions; the .pyi stubs type only the call.
+    signatures: dict[str, KernelT] = kernel.__signatures__  # type: ignore[attr-defined]
+    return signatures[key]
+
+
 def kernel_key(dtype: np.dtype, options: StreamOptions) -> str:
     """The key of a copy kernel's specialisation for tokens of ``dtype`` written in the
     stream's ``out_dtype`` (e.g. ``"uint16_t|int32_t"``), so no batch pays the fused-type
@@ -444,9 +451,11 @@ def fill(
     """
     labels, windows = buffers["labels"], buffers["input_ids"]
     next_tokens, targets = (labels, None) if labels.ndim == 1 else (None, labels)
+    # Packed rows' pieces are found by the copy itself; windows' are read back in assemble.
+    packed = filling if cu_seqlens and isinstance(filling, PackedFill) else None
     starts = None
-    if cu_seqlens and filling.finds_pieces:
-        starts = np.empty(windows.shape[0] * filling.pieces_a_row + 1, np.int32)
+    if packed is not None:
+        starts = np.empty(windows.shape[0] * packed.pieces_a_row + 1, np.int32)
     found = filling(
         windows_index,
         windows,
@@ -459,12 +468,12 @@ def fill(
     )
     if "origin" in buffers:
         write_origins(filling.space, windows_index, buffers["origin"])
-    if starts is None or found is None:
+    if packed is None or starts is None or found is None:
         return None
     pieces, longest = found
     if pieces >= starts.shape[0]:
         # Later batches get room for twice as many pieces a row as this one had.
-        filling.pieces_a_row = 2 * -(-pieces // max(1, windows.shape[0]))
+        packed.pieces_a_row = 2 * -(-pieces // max(1, windows.shape[0]))
         return None
     starts[pieces] = windows.size
     return starts[: pieces + 1], longest
@@ -504,9 +513,8 @@ def assemble(
         batch["origin"] = buffers["origin"]
     if "document_ids" in extras:
         batch["document_ids"] = buffers["document_ids"]
-    positions = buffers.get("position_ids")
     if "position_ids" in extras:
-        batch["position_ids"] = positions
+        batch["position_ids"] = buffers["position_ids"]
     if "loss_mask" in extras:
         continues = buffers["label_continues"].view(np.bool_)
         batch["loss_mask"] = continues[:, 0] if buffers["labels"].ndim == 1 else continues
@@ -515,12 +523,13 @@ def assemble(
     elif "cu_seqlens" in extras:
         # One pass while the batch has at most a few pieces a row (the common case); else a
         # second, into an array of the size the first one counted.
+        positions = buffers["position_ids"]
         cu_seqlens = np.empty(positions.shape[0] * _PIECES_A_ROW + 1, np.int32)
-        pieces, longest = document_pieces(positions, cu_seqlens[:-1])
-        if pieces < cu_seqlens.size:
-            cu_seqlens = cu_seqlens[: pieces + 1]
+        count, longest = document_pieces(positions, cu_seqlens[:-1])
+        if count < cu_seqlens.size:
+            cu_seqlens = cu_seqlens[: count + 1]
         else:
-            cu_seqlens = np.empty(pieces + 1, np.int32)
+            cu_seqlens = np.empty(count + 1, np.int32)
             document_pieces(positions, cu_seqlens[:-1])
         cu_seqlens[-1] = positions.size
         batch["cu_seqlens"] = cu_seqlens

@@ -248,12 +248,14 @@ def _packed_checks(pad: int | None, eos: int | None, stride: int, permutation: A
             "permutation='materialized' is not available with windows='packed': packed epochs "
             "are ordered by keyed permutations of their groups (permutation='implicit' or None)"
         )
-    if pad is None and eos is None:
+    if pad is not None:
+        return pad
+    if eos is None:
         raise ValueError(
             "windows='packed' needs pad=, the token id written into the padding slots of a row "
             "(it defaults to eos= when that is given)"
         )
-    return eos if pad is None else pad
+    return eos
 
 
 def _int32_checks(block: int, pad: int | None) -> None:
@@ -325,9 +327,14 @@ def expose_options(cls: type) -> type:
     Read-only because the kernel's buffers and bounds were sized from these values.
     """
     for name in KEYWORD_DEFAULTS.keys() | {"block", "batch_size"}:
-        prop = property(
-            lambda self, name=name: getattr(self._options, name),
-            doc=f"The validated ``{name}`` (read-only).",
-        )
-        setattr(cls, name, prop)
+        setattr(cls, name, _option_property(name))
     return cls
+
+
+def _option_property(name: str) -> property:
+    """A read-only property reading option ``name`` from the instance's ``_options``."""
+
+    def read(self: Any) -> Any:
+        return getattr(self._options, name)
+
+    return property(read, doc=f"The validated ``{name}`` (read-only).")

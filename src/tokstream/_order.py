@@ -31,14 +31,14 @@ batch left starts the next epoch). From position 0, and from any ``p`` that is a
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from tokstream._kernels.order import permuted_positions, round_keys
 from tokstream._memory import available_memory
 from tokstream._options import StreamOptions
-from tokstream._state import Cursor
+from tokstream._state import Cursor, RngState
 
 MASK64 = (1 << 64) - 1
 FEISTEL_ROUNDS = 6
@@ -74,14 +74,16 @@ class WindowOrder:
             check_order_fits(num_windows)
             warn_if_slow_draw(num_windows)
         self._implicit_domain = implicit_domain(max(num_windows, 1))
-        self._implicit_keys: tuple[int, np.ndarray | None] = (-1, None)
+        # (epoch, its round keys): the keys of the last epoch asked for (none yet).
+        self._implicit_keys: tuple[int, np.ndarray] = (-1, np.empty(0, np.uint64))
         # (epoch, its order, the generator's state after drawing it) for the drawn epoch.
-        self._drawn: tuple[int, np.ndarray, tuple] | None = None
+        self._drawn: tuple[int, np.ndarray, RngState] | None = None
 
     def first_cursor(self) -> Cursor:
         """The cursor of the run's first batch."""
-        rng_state = np.random.RandomState(self.options.seed).get_state()
-        return Cursor(0, 0, rng_state if self.draws_orders else None)
+        if not self.draws_orders:
+            return Cursor(0, 0, None)
+        return Cursor(0, 0, _generator_state(np.random.RandomState(self.options.seed)))
 
     def rows_at(self, cursor: Cursor) -> int:
         """How many windows this rank's batch at ``cursor`` holds; 0 when the epoch has no
@@ -109,7 +111,7 @@ class WindowOrder:
             return np.arange(first, first + world * count, world, dtype=np.int64)
         if not self.draws_orders:
             return self._implicit(cursor.epoch, first, world, count)
-        order = self._order(cursor)
+        order = self._drawn_order(cursor)[1]
         return order[first : first + world * count : world]
 
     def after(self, cursor: Cursor) -> Cursor:
@@ -134,18 +136,16 @@ class WindowOrder:
         if not self.draws_orders:
             return Cursor(epoch, position, None)
         start = known if known.epoch <= epoch else self.first_cursor()
-        rng = np.random.RandomState()
-        rng.set_state(start.rng_state)
+        rng = _generator_at(start)
         for _ in range(epoch - start.epoch):
             rng.permutation(self.num_windows)
-        return Cursor(epoch, position, rng.get_state())
+        return Cursor(epoch, position, _generator_state(rng))
 
     def next_epoch(self, cursor: Cursor) -> Cursor:
         """The first cursor of the epoch after ``cursor``'s."""
         rng_state = None
         if self.draws_orders:
-            self._order(cursor)
-            rng_state = self._drawn[2]
+            rng_state = self._drawn_order(cursor)[2]
             self._drawn = None  # freed before the next epoch's order is drawn
         return Cursor(cursor.epoch + 1, 0, rng_state)
 
@@ -161,15 +161,16 @@ class WindowOrder:
         """Drop the cached epoch order (it is drawn again if asked for)."""
         self._drawn = None
 
-    def _order(self, cursor: Cursor) -> np.ndarray:
+    def _drawn_order(self, cursor: Cursor) -> tuple[int, np.ndarray, RngState]:
+        """``(epoch, its order, the generator's state after drawing it)`` of ``cursor``'s
+        epoch, drawn once per epoch."""
         drawn = self._drawn
         if drawn is None or drawn[0] != cursor.epoch:
-            rng = np.random.RandomState()
-            rng.set_state(cursor.rng_state)
+            rng = _generator_at(cursor)
             order = rng.permutation(self.num_windows)
             # One assignment: a Ctrl-C that lands here leaves the cache empty or whole.
-            drawn = self._drawn = (cursor.epoch, order, rng.get_state())
-        return drawn[1]
+            drawn = self._drawn = (cursor.epoch, order, _generator_state(rng))
+        return drawn
 
     def _implicit(self, epoch: int, first: int, step: int, count: int) -> np.ndarray:
         if self._implicit_keys[0] != epoch:
@@ -180,6 +181,21 @@ class WindowOrder:
             windows, first, step, self.num_windows, low_bits, high_size, self._implicit_keys[1]
         )
         return windows
+
+
+def _generator_at(cursor: Cursor) -> np.random.RandomState:
+    """The generator a drawn order's ``cursor`` carries (its epoch's start)."""
+    if cursor.rng_state is None:
+        raise RuntimeError("a drawn order's cursor without its generator state: an order bug")
+    rng = np.random.RandomState()
+    rng.set_state(cursor.rng_state)
+    return rng
+
+
+def _generator_state(rng: np.random.RandomState) -> RngState:
+    """``rng``'s state as a cursor carries it: ``get_state()``'s MT19937 tuple (a
+    ``RandomState`` is always MT19937; NumPy's stubs also allow a dict)."""
+    return cast(RngState, rng.get_state())
 
 
 #: A materialized order may take at most this fraction of the memory available when the stream

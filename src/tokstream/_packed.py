@@ -38,7 +38,7 @@ class PackedSpace:
     def __init__(self, corpus: Corpus, options: StreamOptions, source: int = 0) -> None:
         self.corpus = corpus
         self.block = options.block
-        self.pad = token_id(options.pad, corpus.dtype, "pad")
+        self.pad = row_pad(options, corpus.dtype)
         boundaries = (
             corpus.document_boundaries
             if options.eos is None
@@ -263,7 +263,7 @@ class PackedMixtureSpace:
     def __init__(self, mixture: Mixture, options: StreamOptions) -> None:
         self.corpus = mixture.corpus
         self.block = options.block
-        self.pad = token_id(options.pad, self.corpus.dtype, "pad")
+        self.pad = row_pad(options, self.corpus.dtype)
         self.sources = [
             PackedSpace(corpus, options, source)
             for source, corpus in enumerate(mixture.sources.values())
@@ -359,7 +359,16 @@ class PackedMixtureOrder(MixtureOrder):
         """Window indices ``j * S + s`` of this rank's batch at ``cursor``."""
         first = cursor.epoch * self.num_windows + cursor.position + self.options.rank
         schedule = self._kernel.schedule(first, self.options.world_size, count)
-        return schedule[:, 1] * self._sources + schedule[:, 0]
+        windows: np.ndarray = schedule[:, 1] * self._sources + schedule[:, 0]
+        return windows
+
+
+def row_pad(options: StreamOptions, dtype: np.dtype) -> int:
+    """The token a packed row's padding slots hold, as a token of the corpus ``dtype``:
+    ``StreamOptions.create`` gives every packed stream one (``pad=``, else ``eos=``)."""
+    if options.pad is None:
+        raise RuntimeError("a packed stream's options without a pad token: an options bug")
+    return token_id(options.pad, dtype, "pad")
 
 
 def _runs(values: np.ndarray) -> list[tuple[int, int]]:

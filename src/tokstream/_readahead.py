@@ -29,8 +29,8 @@ from tokstream._kernels import advice
 if TYPE_CHECKING:
     from tokstream._options import StreamOptions
     from tokstream._order import WindowOrder
-    from tokstream._space import WindowSpace
     from tokstream._state import Cursor
+    from tokstream.plan import Space
     from tokstream.shards.remote._resident import Residency
 
 #: Windows whose reads are kept in flight ahead of the batch being copied (at least one batch):
@@ -54,7 +54,7 @@ class ReadAhead:
     jumps (a loaded state), so that no batch is taken from a stale look-ahead.
     """
 
-    def __init__(self, order: WindowOrder, gather: WindowSpace, batch_size: int) -> None:
+    def __init__(self, order: WindowOrder, gather: Space, batch_size: int) -> None:
         self._order = order
         self._gather = gather
         #: Batches advised ahead of the one being copied.
@@ -140,7 +140,7 @@ class ReadAhead:
 
 
 def read_ahead(
-    order: WindowOrder, space: WindowSpace, options: StreamOptions, residency: Residency | None
+    order: WindowOrder, space: Space, options: StreamOptions, residency: Residency | None
 ) -> ReadAhead | None:
     """A stream's read-ahead, or None.
 

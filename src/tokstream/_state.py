@@ -31,6 +31,10 @@ _RETIRED_KEYS = ("global_batch_size",)
 _SCHEDULE_KEYS = ("mixture_weights", "mixture_stages")
 
 
+#: ``RandomState.get_state()``'s tuple (MT19937's): the generator a drawn epoch order starts from.
+RngState = tuple[str, np.ndarray, int, int, float]
+
+
 class Cursor(NamedTuple):
     """The next batch to make: ``epoch``, ``position`` in its order, the epoch's generator.
 
@@ -40,7 +44,7 @@ class Cursor(NamedTuple):
 
     epoch: int
     position: int
-    rng_state: tuple[Any, ...] | None
+    rng_state: RngState | None
 
 
 def fingerprint(corpus: Any, options: Any, segments_sha256: str | None) -> dict[str, Any]:
@@ -244,7 +248,7 @@ def _state_int(value: Any, name: str) -> int:
     return value
 
 
-def _encode_rng_state(state: tuple[Any, ...]) -> dict[str, Any]:
+def _encode_rng_state(state: RngState) -> dict[str, Any]:
     name, keys, pos, has_gauss, cached_gaussian = state
     return {
         "bit_generator": name,
@@ -255,7 +259,7 @@ def _encode_rng_state(state: tuple[Any, ...]) -> dict[str, Any]:
     }
 
 
-def _decode_rng_state(encoded: Any) -> tuple[Any, ...]:
+def _decode_rng_state(encoded: Any) -> RngState:
     """The ``RandomState.get_state()`` tuple of an encoded state, every field checked."""
     where = "state['rng_state']"
     if not isinstance(encoded, dict):

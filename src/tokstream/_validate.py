@@ -10,7 +10,7 @@ message names the argument and the offending value.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -153,10 +153,12 @@ def token_id(value: int, dtype: np.dtype, name: str) -> int:
 
 
 #: The dtypes a batch's tokens and position ids may be written in (``out_dtype=``).
-OUT_DTYPES = ("int64", "int32")
+#: The dtypes a batch is written in (``out_dtype=``).
+OutDtypeName = Literal["int64", "int32"]
+OUT_DTYPES: tuple[OutDtypeName, ...] = ("int64", "int32")
 
 
-def out_dtype(value: Any, name: str = "out_dtype") -> str:
+def out_dtype(value: Any, name: str = "out_dtype") -> OutDtypeName:
     """The name of the output dtype ``value`` spells (a str or an ``np.dtype``): ``"int64"``
     or ``"int32"``, native byte order; a TypeError for another kind, a ValueError for another
     dtype."""

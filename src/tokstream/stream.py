@@ -164,6 +164,7 @@ class TokenStream(Iterator[Batch]):
                     self._options.prefetch,
                     on_fork=TokenStream._after_fork,
                 )
+            batch: Batch
             batch, self._delivered = prefetcher.get()
             return batch
 
