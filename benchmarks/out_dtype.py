@@ -68,10 +68,11 @@ from typing import Any
 import numpy as np
 from documents_ratios import DTYPES, SHAPES, documents_corpus, make_stream
 
-from tokstream import Corpus, _batch, _packed, packing
+from tokstream import Corpus, _batch, packing
 from tokstream._kernels import pack as pack_kernels
 from tokstream.bench import _loop
 from tokstream.bench.baselines import best_c_loop_distance
+from tokstream.plan import packed as _packed
 
 EXTRAS = ("position_ids", "loss_mask", "cu_seqlens", "document_ids")
 TARGET = 1.3

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fuzz.schedule import StagedSchedule, mixture_stages
-from tokstream._order import implicit_round_keys
+from tokstream._permutation import implicit_round_keys
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SPEC_ARGS = ("block", "batch_size", "epochs", "shuffle", "seed")

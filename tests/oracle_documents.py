@@ -3,7 +3,7 @@
 Everything is computed token by token from the rules as the user documentation states them, with
 no tokstream code: which token starts a document (a shard's first token, a recorded document
 start, the token after an ``eos``), which windows an epoch holds and in which index order, which
-of them each rank's batches take (``tokstream._order``'s sharding rules), and every array of a
+of them each rank's batches take (``tokstream.plan.order``'s sharding rules), and every array of a
 batch. Only a shuffled stream's window order is taken from outside: ``RandomState(seed)``
 permutations for ``permutation="materialized"``, and for ``"implicit"`` the order of a plain
 stride-1 stream with the same window count (the permutation depends on nothing else).

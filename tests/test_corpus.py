@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import KERNEL_DTYPES, assert_same_batches, sharded_oracle_batches
 from tokstream import Corpus, reference, stream_token_source
-from tokstream._arrays import frozen
+from tokstream._frozen import frozen
 
 # ---------------------------------------------------------------------------------------------
 # Shards in place

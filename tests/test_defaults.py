@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tokstream import Corpus, mix, open_tokens, stream_token_source, write_tokens
-from tokstream._order import SLOW_DRAW_WINDOWS, warn_if_slow_draw
+from tokstream.plan.order import SLOW_DRAW_WINDOWS, warn_if_slow_draw
 from tokstream.reference import stream_token_source as reference_stream
 
 

@@ -25,8 +25,8 @@ from tests.oracle_documents import (
 )
 from tokstream import Corpus, mix, open_tokens, reference, stream_token_source
 from tokstream._kernels.documents import document_pieces, gather_documents
-from tokstream._space import WindowSpace, document_buckets
 from tokstream._windows import DEBUG_BUILD
+from tokstream.plan.windows import WindowSpace, document_buckets
 
 
 def test_from_documents_joins_the_documents_and_records_their_boundaries():

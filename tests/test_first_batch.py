@@ -15,7 +15,7 @@ import pytest
 
 from tokstream import open_tokens, stream_token_source
 from tokstream._memory import available_memory
-from tokstream._order import ORDER_MEMORY_FRACTION
+from tokstream.plan.order import ORDER_MEMORY_FRACTION
 
 HUGE = 10**10  # tokens of the sparse file: 20 GB of uint16 that cost no disk
 BLOCK, BATCH = 1024, 64

@@ -19,7 +19,7 @@ import tokstream.mixture
 from fuzz import schedule as schedule_model
 from tokstream import Corpus, TokenStream, mix, open_tokens, stream_token_source
 from tokstream._kernels.order import permuted_positions
-from tokstream._order import implicit_domain, implicit_round_keys
+from tokstream._permutation import implicit_domain, implicit_round_keys
 from tokstream._schedule import MixtureWindows, Stage, divisor
 from tokstream._state import Cursor
 from tokstream.mixture import WEIGHT_TOTAL

@@ -93,7 +93,7 @@ def test_ranks_share_the_rows_as_windows_are_shared(world_size, drop_last):
     ]
     assert len({len(r) for r in ranks}) == 1
     # Every full global batch is the single stream's; a partial last one is cut as the
-    # ranks' epoch tail says (tokstream._order), as for windows.
+    # ranks' epoch tail says (tokstream.plan.order), as for windows.
     full = [batch for batch in single if batch["input_ids"].shape[0] == world_size * 2]
     assert len(ranks[0]) - len(full) in (0, 1)
     for step, whole in enumerate(full):

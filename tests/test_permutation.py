@@ -14,8 +14,8 @@ import pytest
 
 from tokstream import stream_token_source
 from tokstream._kernels.order import permuted_positions
-from tokstream._order import FEISTEL_ROUNDS as _FEISTEL_ROUNDS
-from tokstream._order import implicit_domain, implicit_round_keys
+from tokstream._permutation import FEISTEL_ROUNDS as _FEISTEL_ROUNDS
+from tokstream._permutation import implicit_domain, implicit_round_keys
 
 PRIMES = [2, 3, 5, 7, 13, 31, 127, 8191, 65521, 100003]
 POWERS = [2**k + d for k in (1, 2, 3, 4, 5, 8, 10, 12, 16, 20) for d in (-1, 0, 1)]

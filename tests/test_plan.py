@@ -16,11 +16,11 @@ import pytest
 import tokstream
 from tokstream import mix, stream_token_source
 from tokstream._batch import PackedFill, WindowFill
-from tokstream._order import WindowOrder
-from tokstream._packed import PackedMixtureOrder, PackedMixtureSpace, PackedOrder, PackedSpace
-from tokstream._space import WindowSpace
 from tokstream.corpus import Corpus
-from tokstream.mixture import MixtureOrder
+from tokstream.plan.mixture_order import MixtureOrder
+from tokstream.plan.order import WindowOrder
+from tokstream.plan.packed import PackedMixtureOrder, PackedMixtureSpace, PackedOrder, PackedSpace
+from tokstream.plan.windows import WindowSpace
 
 PACKAGE = Path(tokstream.__file__).parent
 WINDOW_POLICIES = {"cross", "within", "packed"}

@@ -36,8 +36,8 @@ from tokstream._options import StreamOptions
 from tokstream.shards.remote._resident import Residency
 
 if TYPE_CHECKING:
-    from tokstream._packed import PackedMixtureSpace, PackedSpace
-    from tokstream._space import WindowSpace
+    from tokstream.plan.packed import PackedMixtureSpace, PackedSpace
+    from tokstream.plan.windows import WindowSpace
 
 #: A batch: ``(windows, targets)``, or with extras a dict of arrays (and ``"max_seqlen"``, an
 #: int, beside ``"cu_seqlens"``).

@@ -277,7 +277,7 @@ def default_permutation(reference_input: bool, reference_windows: bool) -> Permu
     That is an array or sequence (what the reference takes) streamed in the reference's windows
     (``stride=1``, ``windows="cross"``, no ``eos``): ``"materialized"``, byte-identical to the
     reference, at the price of one O(windows) draw per epoch (warned about when large, see
-    :func:`tokstream._order.warn_if_slow_draw`). Everything else (a :class:`~tokstream.Corpus`,
+    :func:`tokstream.plan.order.warn_if_slow_draw`). Everything else (a :class:`~tokstream.Corpus`,
     which :func:`tokstream.open_tokens` returns; a mixture; other windows) has no reference
     order to match and gets ``"implicit"``: no O(windows) memory, nothing to draw, a first
     batch at once.

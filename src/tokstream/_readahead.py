@@ -4,7 +4,7 @@ A shuffled stream over a memory-mapped corpus that is not in the page cache wait
 fault at a time, so it reads at a fraction of what the device serves with many reads in flight.
 A :class:`ReadAhead` works out the window indices of the next batches early (they depend only on
 their cursor) and asks the OS to start reading them (``madvise(MADV_WILLNEED)`` through
-:meth:`tokstream._space.WindowSpace.advise`), keeping about :data:`WINDOWS_AHEAD` windows,
+:meth:`tokstream.plan.windows.WindowSpace.advise`), keeping about :data:`WINDOWS_AHEAD` windows,
 and at least one batch, in flight ahead of the batch being copied, into the next epoch when the
 current one ends (unless the next epoch's order would have to be drawn first: a materialized
 shuffle). Each batch's indices are computed once: the batch takes them from the read-ahead when
@@ -28,9 +28,9 @@ from tokstream._kernels import advice
 
 if TYPE_CHECKING:
     from tokstream._options import StreamOptions
-    from tokstream._order import WindowOrder
     from tokstream._state import Cursor
     from tokstream.plan import Space
+    from tokstream.plan.order import WindowOrder
     from tokstream.shards.remote._resident import Residency
 
 #: Windows whose reads are kept in flight ahead of the batch being copied (at least one batch):

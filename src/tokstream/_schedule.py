@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tokstream._arrays import frozen
+from tokstream._frozen import frozen
 from tokstream._kernels.mixture import MixtureTables, schedule_samples
 
 _I8, _U8 = np.int64, np.uint64

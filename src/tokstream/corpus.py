@@ -18,16 +18,11 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
-from tokstream._arrays import (
-    frozen,
-    frozen_state,
-    offsets_array,
-    same_dtype_arrays,
-    write_document_starts,
-)
-from tokstream._arrays import read_only as _read_only
+from tokstream._document_starts import offsets_array, same_dtype_arrays, write_document_starts
+from tokstream._frozen import frozen, frozen_state
+from tokstream._frozen import read_only as _read_only
 from tokstream._options import windows_within_documents
-from tokstream._windowing import covered_tokens, cumulative, windows_per_segment
+from tokstream._window_counts import covered_tokens, cumulative, windows_per_segment
 from tokstream.shards.filemap import FileMap, MappedFiles, file_map_of
 from tokstream.shards.remote._memory import remote_tokens_of
 from tokstream.shards.remote._resident import present

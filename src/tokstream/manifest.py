@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
-from tokstream._windowing import cumulative
+from tokstream._window_counts import cumulative
 from tokstream.corpus import Corpus
 from tokstream.formats import megatron
 from tokstream.formats._common import PathLike, Shard, atomic_writer

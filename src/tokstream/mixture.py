@@ -27,7 +27,6 @@ to zero). Every ``sum`` samples each source then gets exactly its integer weight
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -36,12 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from tokstream._arrays import read_only
 from tokstream._options import StreamOptions
-from tokstream._order import FEISTEL_ROUNDS, WindowOrder, implicit_domain
+from tokstream._permutation import FEISTEL_ROUNDS, implicit_domain
 from tokstream._schedule import MixtureWindows, Stage
-from tokstream._space import WindowSpace
-from tokstream._state import Cursor, schedule_fingerprint
 from tokstream._validate import INT64_MAX
 from tokstream.corpus import Corpus
 from tokstream.shards.joined import JoinedShards
@@ -93,14 +89,14 @@ class Mixture:
         self.weights = dict(self.stages[0][1])
         corpora = list(self.sources.values())
         if sum(len(c.lengths) for c in corpora) > LISTED_SHARDS or any(c.source for c in corpora):
-            joined = JoinedShards(corpora, [_label(name) for name in self.names])
+            joined = JoinedShards(corpora, [source_label(name) for name in self.names])
             self.corpus = Corpus._from_source(joined, "sources")
             return
         arrays, shard_names, documents = [], [], []
         for name, corpus in self.sources.items():
             for j, shard in enumerate(corpus.shards):
                 arrays.append(shard)
-                shard_names.append(_label(name, j if len(corpus.shards) > 1 else None))
+                shard_names.append(source_label(name, j if len(corpus.shards) > 1 else None))
                 documents.append(corpus.shard_documents(j))
         self.corpus = Corpus._from_arrays(arrays, shard_names, "sources", documents)
 
@@ -190,11 +186,12 @@ def mix(sources: Mapping[str, Any], weights: Mapping[str, Any] | Sequence[Any]) 
             raise TypeError(f"source names must be str, got {name!r} ({type(name).__name__})")
         if mixture_of(tokens) is not None:
             raise TypeError(
-                f"{_label(name)} is a mixture; give its sources to one mix() with their weights"
+                f"{source_label(name)} is a mixture; give its sources to one mix() with their "
+                "weights"
             )
-        corpora[name] = Corpus.from_tokens(tokens, _label(name))
+        corpora[name] = Corpus.from_tokens(tokens, source_label(name))
         if corpora[name].num_tokens == 0:
-            raise ValueError(f"{_label(name)} holds no tokens")
+            raise ValueError(f"{source_label(name)} holds no tokens")
     if isinstance(weights, Mapping):
         missing = [name for name in corpora if name not in weights]
         stages = [(0, _stage_weights(weights, list(corpora), "weights"))]
@@ -305,67 +302,6 @@ def schedule_tree(weights: Sequence[int]) -> tuple[int, np.ndarray]:
     return heap[0][2], np.array(nodes, dtype=np.int64).reshape(-1, 4)
 
 
-class MixtureOrder(WindowOrder):
-    """The window indices of every batch of a stream over a :class:`Mixture`.
-
-    A :class:`~tokstream._order.WindowOrder` over the ``N`` samples of each epoch (ranks,
-    epoch tail and cursors as for one corpus), whose position ``p`` of epoch ``e`` is global
-    sample ``e * N + p``, mapped to a window of the combined corpus by the compiled schedule.
-    Pure in the cursor: nothing about earlier batches is kept beyond the kernel's caches (each
-    source's round keys and last epoch).
-    """
-
-    def __init__(self, mixture: Mixture, gather: WindowSpace, options: StreamOptions) -> None:
-        # A source's first window is the first of the first segment starting in the source.
-        segment_starts = gather.token_starts(gather.offsets[:-1])
-        source_tokens = np.cumsum([0] + [c.num_tokens for c in mixture.sources.values()])
-        first_windows = gather.offsets[np.searchsorted(segment_starts, source_tokens[:-1])]
-        offsets = np.append(first_windows, gather.num_windows)
-        counts = np.diff(offsets)
-        for name, count in zip(mixture.names, counts, strict=True):
-            if count == 0:
-                inside = " inside one document" if options.within_documents else ""
-                raise ValueError(
-                    f"{_label(name)} holds no window of block + 1 = {options.block + 1} "
-                    f"tokens{inside}, so it cannot give its share of the samples"
-                )
-        samples = int(counts.sum()) if options.samples is None else options.samples
-        if options.epochs * samples > INT64_MAX:
-            raise ValueError(
-                f"epochs * samples per epoch = {options.epochs} * {samples} must stay below 2**63"
-            )
-        super().__init__(samples, options)
-        # First window of each source in the combined corpus, then the window count.
-        self._source_offsets = read_only(offsets)
-        self._mixture = mixture
-        self._kernel = mixture_windows(mixture, first_windows, counts, gather.num_windows, options)
-
-    def fill_extras(self, windows_index: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
-        """The ``"source"`` extra: each row's source, the last one whose first window is at or
-        before the row's window."""
-        if "source" in buffers:
-            found = np.searchsorted(self._source_offsets, windows_index, side="right")
-            np.subtract(found, 1, out=buffers["source"])
-
-    def batch_windows(self, cursor: Cursor, count: int) -> np.ndarray:
-        """Window indices of this rank's batch at ``cursor``: samples ``k + r + i W``."""
-        windows = np.empty(count, dtype=np.int64)
-        first = cursor.epoch * self.num_windows + cursor.position + self.options.rank
-        self._kernel.fill(windows, first, self.options.world_size)
-        return windows
-
-    def fingerprint(self) -> dict[str, Any]:
-        """The sources' names and shards, the samples per epoch and the schedule's stages (a
-        state loads into a schedule that agrees with its own up to the state's position)."""
-        mixture = self._mixture
-        return {
-            "mixture_sources": json.dumps(list(mixture.names)),
-            "mixture_shards": json.dumps([len(c.shards) for c in mixture.sources.values()]),
-            **schedule_fingerprint(mixture.integer_stages),
-            "samples": self.num_windows,
-        }
-
-
 def mixture_windows(
     mixture: Mixture,
     first_windows: np.ndarray,
@@ -393,5 +329,6 @@ def mixture_windows(
     )
 
 
-def _label(name: str, shard: int | None = None) -> str:
+def source_label(name: str, shard: int | None = None) -> str:
+    """How messages name source ``name`` (and its shard ``shard``)."""
     return f"sources[{name!r}]" + ("" if shard is None else f"[{shard}]")

@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tokstream import _order
+from tokstream import _permutation
 from tokstream._kernels import pack as _pack
 from tokstream._kernels.order import permuted_positions
 
@@ -64,7 +64,7 @@ CHUNK_DOCUMENTS = 1 << 20
 #: the canonical row count plus one spare (a simulation over lognormal documents: never more).
 JITTER_QUANTUM = 16
 
-# Keys of the implicit permutations (tokstream._order.implicit_round_keys' ``stream``), far
+# Keys of the implicit permutations (tokstream._permutation.implicit_round_keys' ``stream``), far
 # from a mixture's source numbers: the documents' fixed order, each epoch's group order, and
 # per group and epoch, the short pieces' order and the rows' order.
 _DOCUMENT_ORDER = 1 << 62
@@ -90,8 +90,8 @@ def permuted(n: int, seed: int, epoch: int, stream: int, first: int, count: int)
     """Positions ``first .. first + count - 1`` of the keyed permutation of ``[0, n)``."""
     out = np.empty(count, np.int64)
     if count:
-        low_bits, high_size = _order.implicit_domain(n)
-        keys = _order.implicit_round_keys(seed, epoch, stream=stream & _order.MASK64)
+        low_bits, high_size = _permutation.implicit_domain(n)
+        keys = _permutation.implicit_round_keys(seed, epoch, stream=stream & _permutation.MASK64)
         permuted_positions(out, first, 1, n, low_bits, high_size, keys)
     return out
 

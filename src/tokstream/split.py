@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
-from tokstream._arrays import frozen
-from tokstream._windowing import cumulative
+from tokstream._frozen import frozen
+from tokstream._window_counts import cumulative
 from tokstream.corpus import Corpus
 from tokstream.mixture import Mixture, exact_weight, mix, mixture_of
 from tokstream.shards.filemap import FileMap

@@ -1,11 +1,11 @@
 """The stream: batches of windows, their buffers, the prefetch glue, and the resumable cursor.
 
 A :class:`TokenStream` walks a :class:`~tokstream._state.Cursor` through the batches its
-:class:`~tokstream._order.WindowOrder` lays out and has the compiled kernel copy each batch's
+:class:`~tokstream.plan.order.WindowOrder` lays out and has the compiled kernel copy each batch's
 windows out of the corpus. With the default arguments it yields exactly the reference
 generator's batches (:func:`tokstream.reference.stream_token_source`): per shuffled epoch one
 ``RandomState(seed).permutation(n)`` drawn from a single generator, batches of ``batch_size``
-windows in that order, the last one partial. :mod:`tokstream._order` describes the order, the
+windows in that order, the last one partial. :mod:`tokstream.plan.order` describes the order, the
 ranks' shares and the epoch tail.
 """
 
@@ -297,7 +297,7 @@ class TokenStream(Iterator[Batch]):
         arguments continues exactly where this one stands; into one of any other
         ``world_size`` and ``batch_size`` (a batch-size ramp, a smaller or larger job), the
         ranks continue from the first order position not yet consumed, the global sequence
-        unchanged (:mod:`tokstream._order`). ``epochs`` and ``targets`` are not part of it, so
+        unchanged (:mod:`tokstream.plan.order`). ``epochs`` and ``targets`` are not part of it, so
         a finished run can be extended. A loaded state with no batch left under this shape is
         reported as loaded until a batch is handed out, so saving it again loses no position.
         """

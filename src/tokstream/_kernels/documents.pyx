@@ -3,7 +3,7 @@
 :func:`gather_documents` copies every window of a batch (from the addresses
 :func:`tokstream._windows.lookup_windows` found), then writes each row's position ids
 and loss mask, in one call; :func:`document_pieces` reads a batch's pieces back from its
-position ids. Nothing here validates or allocates; the Python side (``tokstream._space``)
+position ids. Nothing here validates or allocates; the Python side (``tokstream.plan.windows``)
 proves every index in range.
 """
 
@@ -109,7 +109,7 @@ def gather_documents(
     then not written (what the batch did not ask for costs nothing).
 
     ``document_buckets[k]`` counts the document starts ``<= k << bucket_shift`` (see
-    :func:`tokstream._space.document_buckets`), so the first start after a window's is
+    :func:`tokstream.plan.windows.document_buckets`), so the first start after a window's is
     searched among the few of its bucket, not all of them. Those lookups come first, for every
     window, into ``window_scratch[i, 0]`` (scratch of at least ``len(starts)`` rows of 3):
     independent of each other, their cache misses overlap, where inside a loop each would stall

@@ -1,7 +1,7 @@
 """The implicit order of one corpus: a keyed permutation of [0, n), walked in place.
 
 An alternating Feistel network on a mixed-radix domain (``permute.pxd``), its round keys drawn
-from the seed and the epoch. Nothing here validates or allocates: ``tokstream._order`` hands in
+from the seed and the epoch. Nothing here validates or allocates: ``tokstream.plan.order`` hands in
 the domain, the keys and an output buffer it has sized.
 """
 

@@ -1,7 +1,7 @@
 """The packed rows' copy: a batch's rows filled from the pieces best fit placed in them.
 
 Which piece goes in which row is :mod:`tokstream._kernels.pack`. Nothing here validates or
-allocates; the Python side (``tokstream._packed``) proves every index and address in range.
+allocates; the Python side (``tokstream.plan.packed``) proves every index and address in range.
 """
 
 cimport cython

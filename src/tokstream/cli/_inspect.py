@@ -14,7 +14,7 @@ import numpy as np
 
 from tokstream import _progress, _validate, files, manifest
 from tokstream._options import packs_documents
-from tokstream._windowing import covered_tokens
+from tokstream._window_counts import covered_tokens
 from tokstream.bench.report import markdown_table
 from tokstream.cli import _inspect_step
 from tokstream.cli._common import PROG, dtype_name, positive

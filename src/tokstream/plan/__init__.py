@@ -28,11 +28,12 @@ from typing import Any
 from tokstream import _state
 from tokstream._batch import Fill, PackedFill, WindowFill
 from tokstream._options import StreamOptions
-from tokstream._order import WindowOrder
-from tokstream._packed import PackedMixtureOrder, PackedMixtureSpace, PackedOrder, PackedSpace
-from tokstream._space import WindowSpace, window_space
 from tokstream.corpus import Corpus
-from tokstream.mixture import Mixture, MixtureOrder, mixture_of
+from tokstream.mixture import Mixture, mixture_of
+from tokstream.plan.mixture_order import MixtureOrder
+from tokstream.plan.order import WindowOrder
+from tokstream.plan.packed import PackedMixtureOrder, PackedMixtureSpace, PackedOrder, PackedSpace
+from tokstream.plan.windows import WindowSpace, window_space
 
 #: What a sample is: a window of a corpus (or of a mixture's sources), or a packed row.
 Space = WindowSpace | PackedSpace | PackedMixtureSpace

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from tokstream._arrays import frozen
-from tokstream._windowing import cumulative
+from tokstream._frozen import frozen
+from tokstream._window_counts import cumulative
 from tokstream.corpus import Corpus
 from tokstream.shards.filemap import FileMap
 from tokstream.shards.source import Readable, ShardSource

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
-from tokstream._arrays import frozen
-from tokstream._windowing import cumulative
+from tokstream._frozen import frozen
+from tokstream._window_counts import cumulative
 from tokstream.formats._common import Shard, check_kind, check_offsets, manifest_dtype
 from tokstream.shards.filemap import file_map_of
 from tokstream.shards.source import DEFAULT_CAPACITY, MappedShards

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tokstream._arrays import frozen, frozen_state
+from tokstream._frozen import frozen, frozen_state
 from tokstream.shards.filemap import FileMap
 
 #: Shard maps a :class:`MappedShards` keeps open by default (a batch in flight whose windows

@@ -2,7 +2,7 @@
 segments of given lengths hold, and which tokens they cover.
 
 One rule shared by :class:`~tokstream.corpus.Corpus` (its counts, ``inspect``'s shares) and the
-window index space (:mod:`tokstream._space`), which lays the windows out.
+window index space (:mod:`tokstream.plan.windows`), which lays the windows out.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A packed stream's samples through the stream's interfaces: its window space and its order.
 
-:class:`PackedSpace` stands where :class:`tokstream._space.WindowSpace` stands for windows: it
+:class:`PackedSpace` stands where :class:`tokstream.plan.windows.WindowSpace` stands for windows: it
 numbers the samples (``num_windows`` rows per epoch) and says which pieces each row holds, as
 the checked tables :func:`tokstream._kernels.packed_copy.fill_packed` copies from (the call
 itself is :mod:`tokstream._batch`'s). :class:`PackedOrder` is the window order over row
@@ -18,12 +18,13 @@ import numpy as np
 from tokstream._kernels.advice import advise_at
 from tokstream._kernels.packed_copy import piece_addresses
 from tokstream._options import StreamOptions
-from tokstream._order import WindowOrder
 from tokstream._state import Cursor
 from tokstream._validate import INT64_MAX, token_id
 from tokstream.corpus import Corpus
-from tokstream.mixture import Mixture, MixtureOrder, mixture_windows
+from tokstream.mixture import Mixture, mixture_windows
 from tokstream.packing import Packing, RowPieces
+from tokstream.plan.mixture_order import MixtureOrder
+from tokstream.plan.order import WindowOrder
 from tokstream.shards.source import Readable
 
 
