@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 from documents_ratios import DTYPES, SHAPES, documents_corpus, make_stream
 
-from tokstream import Corpus, _batch, packing
+from tokstream import Corpus, packing
 from tokstream._kernels import pack as pack_kernels
 from tokstream.bench import _loop
 from tokstream.bench.baselines import best_c_loop_distance
@@ -159,18 +159,18 @@ def beyond(cpu: dict[str, float], floor: str) -> str:
 
 def bookkeeping(stream: Any, batches: int) -> float:
     """CPU microseconds a batch of ``stream``'s own work with the copy left out: ``next()``
-    with :func:`tokstream._batch.fill` replaced by a filler that writes nothing and reports two
+    with the plan's fill (``into``) replaced by one that writes nothing and reports two
     pieces (so that no position ids are read back)."""
     pieces = (np.array([0, 1, stream.options.block], np.int32), stream.options.block - 1)
-    real = _batch.fill
-    _batch.fill = lambda *args: pieces
+    fill = stream._fill
+    fill.into = lambda *args: pieces
     try:
         start = time.process_time()
         for _ in range(batches):
             next(stream)
         return (time.process_time() - start) / batches * 1e6
     finally:
-        _batch.fill = real
+        del fill.into
 
 
 def draw_cost(floor: CopyFloor, batches: int) -> float:

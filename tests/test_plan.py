@@ -15,12 +15,17 @@ import pytest
 
 import tokstream
 from tokstream import mix, stream_token_source
-from tokstream._batch import PackedFill, WindowFill
 from tokstream.corpus import Corpus
 from tokstream.plan.mixture_order import MixtureOrder
 from tokstream.plan.order import WindowOrder
-from tokstream.plan.packed import PackedMixtureOrder, PackedMixtureSpace, PackedOrder, PackedSpace
-from tokstream.plan.windows import WindowSpace
+from tokstream.plan.packed import (
+    PackedFill,
+    PackedMixtureOrder,
+    PackedMixtureSpace,
+    PackedOrder,
+    PackedSpace,
+)
+from tokstream.plan.windows import WindowFill, WindowSpace
 
 PACKAGE = Path(tokstream.__file__).parent
 WINDOW_POLICIES = {"cross", "within", "packed"}

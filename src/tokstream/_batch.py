@@ -1,4 +1,8 @@
-"""What a batch holds: its buffers, which kernel fills them, and the document extras.
+"""What a batch holds: its buffers, the rules every fill's kernel call shares, the extras.
+
+The fills themselves live beside their spaces in :mod:`tokstream.plan` (``WindowFill``,
+``PackedFill``); here are the buffers they write, the checks and kernel specialisations they
+share, and the batch the caller receives.
 
 Without ``extras`` a batch is the tuple ``(windows, targets)``. With any extra it is a dict:
 ``"input_ids"`` (the windows), ``"labels"`` (the targets, as ``targets=`` says) and the extras
@@ -24,20 +28,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
-from tokstream import _windows
-from tokstream._kernels.documents import document_pieces, gather_documents
-from tokstream._kernels.packed_copy import fill_packed
+from tokstream._kernels.documents import document_pieces
 from tokstream._options import StreamOptions
-from tokstream.shards.remote._resident import Residency
-
-if TYPE_CHECKING:
-    from tokstream.plan.packed import PackedMixtureSpace, PackedSpace
-    from tokstream.plan.windows import WindowSpace
 
 #: A batch: ``(windows, targets)``, or with extras a dict of arrays (and ``"max_seqlen"``, an
 #: int, beside ``"cu_seqlens"``).
@@ -52,7 +48,7 @@ CACHE_AHEAD_MAX_WINDOWS = 32
 KernelT = TypeVar("KernelT", bound=Callable[..., Any])
 
 #: The pieces a row may have for ``"cu_seqlens"`` to be found in one pass (see assemble).
-_PIECES_A_ROW = 4
+PIECES_A_ROW = 4
 
 
 def new_buffers(options: StreamOptions, rows: int) -> dict[str, np.ndarray]:
@@ -177,200 +173,6 @@ def rows_ahead(block: int, dtype: np.dtype) -> int:
     return max(1, min(CACHE_AHEAD_MAX_WINDOWS, 2 * CACHE_AHEAD_BYTES // row_bytes))
 
 
-class WindowFill:
-    """Which kernel fills a batch's buffers with the windows of a :class:`WindowSpace`.
-
-    A space of one segment in one shard maps window indices to first tokens in the gather
-    itself; any other space has each window looked up (its address, one kernel call) and then
-    copied from its address by one more call, whatever shards the windows lie in; a batch with
-    document extras is copied by the document kernel, which also writes them. The kernels are
-    taken specialised for the corpus dtype once, so no batch pays the fused-type dispatch.
-    """
-
-    def __init__(self, space: WindowSpace, options: StreamOptions) -> None:
-        self.space = space
-        self._block = space.block
-        dtype = space.corpus.dtype
-        key = kernel_key(dtype, options)
-        self._gather_windows = specialised(_windows.gather_windows, key)
-        self._gather_at = specialised(_windows.gather_at, key)
-        self._gather_documents = specialised(gather_documents, key)
-        # Selects the kernels' specialisation only; the windows are read from their addresses.
-        self._anchor = np.empty(0, dtype)
-        # Windows whose cache lines the kernels request ahead of the copy (0: none).
-        self._cache_ahead = cache_ahead(space.block, dtype) if space.random_order else 0
-        self._one_shard = space.one_shard
-        self._refuse = _OutsideOutDtype(dtype, options.out_dtype)
-        # Remote shards: each batch's windows are fetched into memory before a kernel reads them.
-        self.residency = Residency.of_corpus(space.corpus)
-        self._window_bytes = (space.block + 1) * dtype.itemsize
-
-    def __call__(
-        self,
-        windows_index: np.ndarray,
-        windows: np.ndarray,
-        next_tokens: np.ndarray | None = None,
-        targets: np.ndarray | None = None,
-        position_ids: np.ndarray | None = None,
-        label_continues: np.ndarray | None = None,
-        document_ids: np.ndarray | None = None,
-        piece_starts: np.ndarray | None = None,
-    ) -> tuple[int, int] | None:
-        """Fill ``windows`` (and ``next_tokens`` or ``targets``) for global ``windows_index``.
-
-        With ``position_ids``, ``label_continues`` or ``document_ids`` (any of them) also the
-        rows' document positions, their loss mask or each token's piece within its row.
-        ``piece_starts`` is not written: windows' pieces are read back from their position ids
-        (:func:`assemble`), so None is returned.
-
-        Raises ValueError when a buffer's shape is not the batch's (see :func:`check_shapes`).
-        """
-        check_shapes(
-            windows_index.shape[0], self._block, windows, next_tokens, targets, position_ids,
-            label_continues, document_ids,
-        )  # fmt: skip
-        documents = not (position_ids is None and label_continues is None and document_ids is None)
-        if self._one_shard is not None and not documents:
-            # One segment in one shard: the kernel maps indices to first tokens itself.
-            shard, stride, base = self._one_shard
-            with self._resident(windows_index):
-                fitted = self._gather_windows(
-                    shard, windows_index, windows, next_tokens, targets, self._cache_ahead, stride,
-                    base,
-                )  # fmt: skip
-            if not fitted:
-                raise self._refuse()
-            return None
-        starts, addresses, readable = self.space.locate(windows_index)
-        # The addresses are valid until readable is released (shards read on demand).
-        with readable, self._resident_at(addresses):
-            if not documents:
-                if not self._gather_at(
-                    self._anchor, addresses, windows, next_tokens, targets, self._cache_ahead
-                ):
-                    raise self._refuse()
-                return None
-            document_starts, document_buckets, document_shift, eos, use_eos = self.space.documents
-            fitted = self._gather_documents(
-                self._anchor,
-                addresses,
-                starts,
-                windows,
-                next_tokens,
-                targets,
-                self._cache_ahead,
-                document_starts,
-                document_buckets,
-                document_shift,
-                eos,
-                use_eos,
-                position_ids,
-                label_continues,
-                document_ids,
-                np.empty((windows_index.shape[0], 3), np.int64),
-            )
-        if not fitted:
-            raise self._refuse()
-        return None
-
-    def _resident(self, windows_index: np.ndarray) -> AbstractContextManager[Any]:
-        """Remote windows fetched and pinned in memory for the kernel call inside the block."""
-        if self.residency is None:
-            return nullcontext()
-        return self.residency.ensure_windows(self.space, windows_index)
-
-    def _resident_at(self, addresses: np.ndarray) -> AbstractContextManager[Any]:
-        if self.residency is None:
-            return nullcontext()
-        return self.residency.ensure_at(addresses, self._window_bytes)
-
-
-class PackedFill:
-    """Which kernel fills a batch's buffers with the rows of a :class:`PackedSpace`: the
-    packed-row kernel, once per run of rows of one group (the space checks each group's table
-    of pieces before any of its rows is copied). The kernel knows each row's pieces, so it
-    writes their starts (``cu_seqlens``) as it copies."""
-
-    def __init__(self, space: PackedSpace | PackedMixtureSpace, options: StreamOptions) -> None:
-        self.space = space
-        self._block = space.block
-        self._pad = space.pad
-        dtype = space.corpus.dtype
-        self._fill_packed = specialised(fill_packed, kernel_key(dtype, options))
-        # Selects the kernel's specialisation only; the pieces are read from their addresses.
-        self._anchor = np.empty(0, dtype)
-        self._refuse = _OutsideOutDtype(dtype, options.out_dtype)
-        self.residency = Residency.of_corpus(space.corpus)
-        # Rows whose pieces the kernel requests ahead of the copy (0: none); unshuffled rows
-        # read consecutive documents, which the hardware prefetcher streams.
-        self._rows_ahead = rows_ahead(space.block, dtype) if options.shuffle else 0
-        #: Room for this many pieces a row in a batch's ``piece_starts`` (see :func:`fill`):
-        #: raised when a batch has more, so that rows of many short documents fill it in one pass.
-        self.pieces_a_row = _PIECES_A_ROW
-
-    def __call__(
-        self,
-        windows_index: np.ndarray,
-        windows: np.ndarray,
-        next_tokens: np.ndarray | None = None,
-        targets: np.ndarray | None = None,
-        position_ids: np.ndarray | None = None,
-        label_continues: np.ndarray | None = None,
-        document_ids: np.ndarray | None = None,
-        piece_starts: np.ndarray | None = None,
-    ) -> tuple[int, int]:
-        """:meth:`WindowFill.__call__` for packed rows, whose labels are always ``targets``
-        and whose loss mask is per label. Returns ``(pieces, longest)`` of the batch's input
-        slots (each piece's, each row's padding), the first ``len(piece_starts)`` of their
-        starts written into ``piece_starts`` as flat indices of the batch.
-
-        The kernel checks every buffer's shape and every row against its table before it
-        writes (a ValueError); most batches lie in the group the last one ended in, with its
-        pieces in memory, and are one kernel call.
-        """
-        if next_tokens is not None or targets is None:
-            raise ValueError("a packed batch's buffers are targets and a per-label loss mask")
-        buffers = (self._pad, windows, targets, label_continues, position_ids, document_ids)
-        current = self.space.current_group(windows_index) if self.residency is None else None
-        if current is not None:
-            low, (row_offsets, addresses, lengths) = current
-            fitted, found, longest = self._fill_packed(
-                self._anchor, addresses, lengths, row_offsets, windows_index, low, 0,
-                self._block, *buffers, self._rows_ahead, piece_starts,
-            )  # fmt: skip
-            if not fitted:
-                raise self._refuse()
-            return found, longest
-        found = longest = 0
-        runs = self.space.row_runs(windows_index)
-        for first, rows, (row_offsets, addresses, lengths), readable in runs:
-            # Each run's pieces after the runs' before it (none written once it is full).
-            starts = None if piece_starts is None else piece_starts[found:]
-            # The pieces' addresses are valid until readable is released; remote pieces are
-            # fetched and pinned in memory until the kernel call returns.
-            with readable, self._resident(rows, row_offsets, addresses, lengths):
-                fitted, pieces, most = self._fill_packed(
-                    self._anchor, addresses, lengths, row_offsets, rows, 0, first, self._block,
-                    *buffers, self._rows_ahead, starts,
-                )  # fmt: skip
-            if not fitted:
-                raise self._refuse()
-            found += pieces
-            longest = max(longest, most)
-        return found, longest
-
-    def _resident(
-        self, rows: np.ndarray, row_offsets: np.ndarray, addresses: np.ndarray, lengths: np.ndarray
-    ) -> AbstractContextManager[Any]:
-        if self.residency is None:
-            return nullcontext()
-        return self.residency.ensure_pieces(rows, row_offsets, addresses, lengths)
-
-
-#: A batch's filler: the kernel calls for a window space or a packed one.
-Fill: TypeAlias = WindowFill | PackedFill
-
-
 def specialised(kernel: KernelT, key: str) -> KernelT:
     """``kernel``'s specialisation ``key`` (see :func:`kernel_key`): a Cython fused function's
     entry in ``__signatures__``, called without the fused-type dispatch."""
@@ -386,7 +188,7 @@ def kernel_key(dtype: np.dtype, options: StreamOptions) -> str:
     return f"{dtype.name}_t|{options.out_dtype}_t"
 
 
-class _OutsideOutDtype:
+class OutsideOutDtype:
     """The error of a batch holding a token its ``out_dtype`` cannot hold.
 
     Only ``out_dtype="int32"`` over uint32, int64 or uint64 tokens can meet one: those corpora
@@ -436,47 +238,22 @@ def check_shapes(
         )
 
 
-def fill(
-    filling: Fill,
-    windows_index: np.ndarray,
+def kernel_buffers(
     buffers: dict[str, np.ndarray],
-    cu_seqlens: bool = False,
-) -> tuple[np.ndarray, int] | None:
-    """Have the kernels copy windows ``windows_index`` (and their positions) into ``buffers``.
-
-    With ``cu_seqlens``, a filler that finds the batch's pieces as it copies (packed rows)
-    returns ``(cu_seqlens, max_seqlen)``; None when it does not, or found more than it had
-    room for (:func:`assemble` then reads them from the position ids). The order's own
-    extras (a mixture's ``"source"``) are the order's to fill.
-    """
-    labels, windows = buffers["labels"], buffers["input_ids"]
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None, np.ndarray | None,
+           np.ndarray | None]:  # fmt: skip
+    """A batch's named ``buffers`` as a fill's arguments: ``(windows, next_tokens, targets,
+    position_ids, label_continues, document_ids)``, those the batch does not have None."""
+    labels = buffers["labels"]
     next_tokens, targets = (labels, None) if labels.ndim == 1 else (None, labels)
-    # Packed rows' pieces are found by the copy itself; windows' are read back in assemble.
-    packed = filling if cu_seqlens and isinstance(filling, PackedFill) else None
-    starts = None
-    if packed is not None:
-        starts = np.empty(windows.shape[0] * packed.pieces_a_row + 1, np.int32)
-    found = filling(
-        windows_index,
-        windows,
+    return (
+        buffers["input_ids"],
         next_tokens,
         targets,
         buffers.get("position_ids"),
         buffers.get("label_continues"),
         buffers.get("document_ids"),
-        None if starts is None else starts[:-1],
     )
-    if "origin" in buffers:
-        write_origins(filling.space, windows_index, buffers["origin"])
-    if packed is None or starts is None or found is None:
-        return None
-    pieces, longest = found
-    if pieces >= starts.shape[0]:
-        # Later batches get room for twice as many pieces a row as this one had.
-        packed.pieces_a_row = 2 * -(-pieces // max(1, windows.shape[0]))
-        return None
-    starts[pieces] = windows.size
-    return starts[: pieces + 1], longest
 
 
 def write_origins(space: Any, windows_index: np.ndarray, out: np.ndarray) -> None:
@@ -524,7 +301,7 @@ def assemble(
         # One pass while the batch has at most a few pieces a row (the common case); else a
         # second, into an array of the size the first one counted.
         positions = buffers["position_ids"]
-        cu_seqlens = np.empty(positions.shape[0] * _PIECES_A_ROW + 1, np.int32)
+        cu_seqlens = np.empty(positions.shape[0] * PIECES_A_ROW + 1, np.int32)
         count, longest = document_pieces(positions, cu_seqlens[:-1])
         if count < cu_seqlens.size:
             cu_seqlens = cu_seqlens[: count + 1]

@@ -213,7 +213,7 @@ class TokenStream(Iterator[Batch]):
                 if options.reuse_buffers
                 else self._fresh.take_named(count)
             )
-            pieces = _batch.fill(self._fill, windows_index, buffers, "cu_seqlens" in options.extras)
+            pieces = self._fill.into(windows_index, buffers, "cu_seqlens" in options.extras)
             order.fill_extras(windows_index, buffers)
             batch = _batch.assemble(buffers, options.extras, pieces)
         else:

@@ -14,8 +14,9 @@ corpus, packed            ``PackedSpace``: packed rows    ``PackedOrder``: the p
 mixture, packed           ``PackedMixtureSpace``          ``PackedMixtureOrder``
 ========================  ==============================  ==================================
 
-The fill is the kernel call that copies a batch of the space's samples: windows
-(:class:`~tokstream._batch.WindowFill`) or packed rows (:class:`~tokstream._batch.PackedFill`).
+The fill is the kernel calls that copy a batch of the space's samples, beside its space:
+windows (:class:`~tokstream.plan.windows.WindowFill`) or packed rows
+(:class:`~tokstream.plan.packed.PackedFill`).
 This module is the only one that asks whether a source is a mixture; what each ``windows``
 value means is read from :mod:`tokstream._options`.
 """
@@ -26,17 +27,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokstream import _state
-from tokstream._batch import Fill, PackedFill, WindowFill
 from tokstream._options import StreamOptions
 from tokstream.corpus import Corpus
 from tokstream.mixture import Mixture, mixture_of
 from tokstream.plan.mixture_order import MixtureOrder
 from tokstream.plan.order import WindowOrder
-from tokstream.plan.packed import PackedMixtureOrder, PackedMixtureSpace, PackedOrder, PackedSpace
-from tokstream.plan.windows import WindowSpace, window_space
+from tokstream.plan.packed import (
+    PackedFill,
+    PackedMixtureOrder,
+    PackedMixtureSpace,
+    PackedOrder,
+    PackedSpace,
+)
+from tokstream.plan.windows import WindowFill, WindowSpace, window_space
 
 #: What a sample is: a window of a corpus (or of a mixture's sources), or a packed row.
 Space = WindowSpace | PackedSpace | PackedMixtureSpace
+#: How a batch is filled: the kernel calls that copy a space's samples into its buffers.
+Fill = WindowFill | PackedFill
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,22 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import numpy as np
 
+from tokstream._batch import (
+    PIECES_A_ROW,
+    OutsideOutDtype,
+    kernel_buffers,
+    kernel_key,
+    rows_ahead,
+    specialised,
+    write_origins,
+)
 from tokstream._kernels.advice import advise_at
-from tokstream._kernels.packed_copy import piece_addresses
+from tokstream._kernels.packed_copy import fill_packed, piece_addresses
 from tokstream._options import StreamOptions
 from tokstream._state import Cursor
 from tokstream._validate import INT64_MAX, token_id
@@ -25,6 +36,7 @@ from tokstream.mixture import Mixture, mixture_windows
 from tokstream.packing import Packing, RowPieces
 from tokstream.plan.mixture_order import MixtureOrder
 from tokstream.plan.order import WindowOrder
+from tokstream.shards.remote._resident import Residency
 from tokstream.shards.source import Readable
 
 
@@ -362,6 +374,113 @@ class PackedMixtureOrder(MixtureOrder):
         schedule = self._kernel.schedule(first, self.options.world_size, count)
         windows: np.ndarray = schedule[:, 1] * self._sources + schedule[:, 0]
         return windows
+
+
+class PackedFill:
+    """Which kernel fills a batch's buffers with the rows of a :class:`PackedSpace`: the
+    packed-row kernel, once per run of rows of one group (the space checks each group's table
+    of pieces before any of its rows is copied). The kernel knows each row's pieces, so it
+    writes their starts (``cu_seqlens``) as it copies."""
+
+    def __init__(self, space: PackedSpace | PackedMixtureSpace, options: StreamOptions) -> None:
+        self.space = space
+        self._block = space.block
+        self._pad = space.pad
+        dtype = space.corpus.dtype
+        self._fill_packed = specialised(fill_packed, kernel_key(dtype, options))
+        # Selects the kernel's specialisation only; the pieces are read from their addresses.
+        self._anchor = np.empty(0, dtype)
+        self._refuse = OutsideOutDtype(dtype, options.out_dtype)
+        self.residency = Residency.of_corpus(space.corpus)
+        # Rows whose pieces the kernel requests ahead of the copy (0: none); unshuffled rows
+        # read consecutive documents, which the hardware prefetcher streams.
+        self._rows_ahead = rows_ahead(space.block, dtype) if options.shuffle else 0
+        #: Room for this many pieces a row in a batch's ``piece_starts`` (see :meth:`into`):
+        #: raised when a batch has more, so that rows of many short documents fill it in one pass.
+        self.pieces_a_row = PIECES_A_ROW
+
+    def __call__(
+        self,
+        windows_index: np.ndarray,
+        windows: np.ndarray,
+        next_tokens: np.ndarray | None = None,
+        targets: np.ndarray | None = None,
+        position_ids: np.ndarray | None = None,
+        label_continues: np.ndarray | None = None,
+        document_ids: np.ndarray | None = None,
+        piece_starts: np.ndarray | None = None,
+    ) -> tuple[int, int]:
+        """:meth:`WindowFill.__call__` for packed rows, whose labels are always ``targets``
+        and whose loss mask is per label. Returns ``(pieces, longest)`` of the batch's input
+        slots (each piece's, each row's padding), the first ``len(piece_starts)`` of their
+        starts written into ``piece_starts`` as flat indices of the batch.
+
+        The kernel checks every buffer's shape and every row against its table before it
+        writes (a ValueError); most batches lie in the group the last one ended in, with its
+        pieces in memory, and are one kernel call.
+        """
+        if next_tokens is not None or targets is None:
+            raise ValueError("a packed batch's buffers are targets and a per-label loss mask")
+        buffers = (self._pad, windows, targets, label_continues, position_ids, document_ids)
+        current = self.space.current_group(windows_index) if self.residency is None else None
+        if current is not None:
+            low, (row_offsets, addresses, lengths) = current
+            fitted, found, longest = self._fill_packed(
+                self._anchor, addresses, lengths, row_offsets, windows_index, low, 0,
+                self._block, *buffers, self._rows_ahead, piece_starts,
+            )  # fmt: skip
+            if not fitted:
+                raise self._refuse()
+            return found, longest
+        found = longest = 0
+        runs = self.space.row_runs(windows_index)
+        for first, rows, (row_offsets, addresses, lengths), readable in runs:
+            # Each run's pieces after the runs' before it (none written once it is full).
+            starts = None if piece_starts is None else piece_starts[found:]
+            # The pieces' addresses are valid until readable is released; remote pieces are
+            # fetched and pinned in memory until the kernel call returns.
+            with readable, self._resident(rows, row_offsets, addresses, lengths):
+                fitted, pieces, most = self._fill_packed(
+                    self._anchor, addresses, lengths, row_offsets, rows, 0, first, self._block,
+                    *buffers, self._rows_ahead, starts,
+                )  # fmt: skip
+            if not fitted:
+                raise self._refuse()
+            found += pieces
+            longest = max(longest, most)
+        return found, longest
+
+    def into(
+        self, windows_index: np.ndarray, buffers: dict[str, np.ndarray], cu_seqlens: bool = False
+    ) -> tuple[np.ndarray, int] | None:
+        """Copy rows ``windows_index`` (and their extras, their origins) into a batch's named
+        ``buffers``. With ``cu_seqlens``, the ``(cu_seqlens, max_seqlen)`` the copy found; None
+        when it found more pieces than it had room for (:func:`tokstream._batch.assemble`
+        then reads them from the position ids)."""
+        windows = buffers["input_ids"]
+        starts = (
+            np.empty(windows.shape[0] * self.pieces_a_row + 1, np.int32) if cu_seqlens else None
+        )
+        pieces, longest = self(
+            windows_index, *kernel_buffers(buffers), None if starts is None else starts[:-1]
+        )
+        if "origin" in buffers:
+            write_origins(self.space, windows_index, buffers["origin"])
+        if starts is None:
+            return None
+        if pieces >= starts.shape[0]:
+            # Later batches get room for twice as many pieces a row as this one had.
+            self.pieces_a_row = 2 * -(-pieces // max(1, windows.shape[0]))
+            return None
+        starts[pieces] = windows.size
+        return starts[: pieces + 1], longest
+
+    def _resident(
+        self, rows: np.ndarray, row_offsets: np.ndarray, addresses: np.ndarray, lengths: np.ndarray
+    ) -> AbstractContextManager[Any]:
+        if self.residency is None:
+            return nullcontext()
+        return self.residency.ensure_pieces(rows, row_offsets, addresses, lengths)
 
 
 def row_pad(options: StreamOptions, dtype: np.dtype) -> int:

@@ -10,15 +10,29 @@ kernel then copies the windows into a batch's buffers is :mod:`tokstream._batch`
 from __future__ import annotations
 
 import hashlib
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import numpy as np
 
+from tokstream import _windows
+from tokstream._batch import (
+    OutsideOutDtype,
+    cache_ahead,
+    check_shapes,
+    kernel_buffers,
+    kernel_key,
+    specialised,
+    write_origins,
+)
 from tokstream._frozen import frozen
 from tokstream._kernels.advice import advise_at
+from tokstream._kernels.documents import gather_documents
 from tokstream._options import StreamOptions
 from tokstream._window_counts import capped_stride, cumulative, windows_per_segment
 from tokstream._windows import lookup_windows
 from tokstream.corpus import Corpus
+from tokstream.shards.remote._resident import Residency
 from tokstream.shards.source import Readable
 
 #: Windows are bucketed into at least this many buckets (when there are as many windows), so
@@ -195,6 +209,126 @@ class WindowSpace:
         _, addresses, readable = self.locate(windows_index)
         with readable:
             return advise_at(addresses, (self.block + 1) * self.corpus.dtype.itemsize, sample)
+
+
+class WindowFill:
+    """Which kernel fills a batch's buffers with the windows of a :class:`WindowSpace`.
+
+    A space of one segment in one shard maps window indices to first tokens in the gather
+    itself; any other space has each window looked up (its address, one kernel call) and then
+    copied from its address by one more call, whatever shards the windows lie in; a batch with
+    document extras is copied by the document kernel, which also writes them. The kernels are
+    taken specialised for the corpus dtype once, so no batch pays the fused-type dispatch.
+    """
+
+    def __init__(self, space: WindowSpace, options: StreamOptions) -> None:
+        self.space = space
+        self._block = space.block
+        dtype = space.corpus.dtype
+        key = kernel_key(dtype, options)
+        self._gather_windows = specialised(_windows.gather_windows, key)
+        self._gather_at = specialised(_windows.gather_at, key)
+        self._gather_documents = specialised(gather_documents, key)
+        # Selects the kernels' specialisation only; the windows are read from their addresses.
+        self._anchor = np.empty(0, dtype)
+        # Windows whose cache lines the kernels request ahead of the copy (0: none).
+        self._cache_ahead = cache_ahead(space.block, dtype) if space.random_order else 0
+        self._one_shard = space.one_shard
+        self._refuse = OutsideOutDtype(dtype, options.out_dtype)
+        # Remote shards: each batch's windows are fetched into memory before a kernel reads them.
+        self.residency = Residency.of_corpus(space.corpus)
+        self._window_bytes = (space.block + 1) * dtype.itemsize
+
+    def __call__(
+        self,
+        windows_index: np.ndarray,
+        windows: np.ndarray,
+        next_tokens: np.ndarray | None = None,
+        targets: np.ndarray | None = None,
+        position_ids: np.ndarray | None = None,
+        label_continues: np.ndarray | None = None,
+        document_ids: np.ndarray | None = None,
+        piece_starts: np.ndarray | None = None,
+    ) -> tuple[int, int] | None:
+        """Fill ``windows`` (and ``next_tokens`` or ``targets``) for global ``windows_index``.
+
+        With ``position_ids``, ``label_continues`` or ``document_ids`` (any of them) also the
+        rows' document positions, their loss mask or each token's piece within its row.
+        ``piece_starts`` is not written: windows' pieces are read back from their position ids
+        (:func:`tokstream._batch.assemble`), so None is returned.
+
+        Raises ValueError when a buffer's shape is not the batch's (see
+        :func:`tokstream._batch.check_shapes`).
+        """
+        check_shapes(
+            windows_index.shape[0], self._block, windows, next_tokens, targets, position_ids,
+            label_continues, document_ids,
+        )  # fmt: skip
+        documents = not (position_ids is None and label_continues is None and document_ids is None)
+        if self._one_shard is not None and not documents:
+            # One segment in one shard: the kernel maps indices to first tokens itself.
+            shard, stride, base = self._one_shard
+            with self._resident(windows_index):
+                fitted = self._gather_windows(
+                    shard, windows_index, windows, next_tokens, targets, self._cache_ahead, stride,
+                    base,
+                )  # fmt: skip
+            if not fitted:
+                raise self._refuse()
+            return None
+        starts, addresses, readable = self.space.locate(windows_index)
+        # The addresses are valid until readable is released (shards read on demand).
+        with readable, self._resident_at(addresses):
+            if not documents:
+                if not self._gather_at(
+                    self._anchor, addresses, windows, next_tokens, targets, self._cache_ahead
+                ):
+                    raise self._refuse()
+                return None
+            document_starts, document_buckets, document_shift, eos, use_eos = self.space.documents
+            fitted = self._gather_documents(
+                self._anchor,
+                addresses,
+                starts,
+                windows,
+                next_tokens,
+                targets,
+                self._cache_ahead,
+                document_starts,
+                document_buckets,
+                document_shift,
+                eos,
+                use_eos,
+                position_ids,
+                label_continues,
+                document_ids,
+                np.empty((windows_index.shape[0], 3), np.int64),
+            )
+        if not fitted:
+            raise self._refuse()
+        return None
+
+    def into(
+        self, windows_index: np.ndarray, buffers: dict[str, np.ndarray], cu_seqlens: bool = False
+    ) -> tuple[np.ndarray, int] | None:
+        """Copy windows ``windows_index`` (and their document extras, their origins) into a
+        batch's named ``buffers``. Windows' pieces (``cu_seqlens``) are read back from their
+        position ids (:func:`tokstream._batch.assemble`): None."""
+        self(windows_index, *kernel_buffers(buffers))
+        if "origin" in buffers:
+            write_origins(self.space, windows_index, buffers["origin"])
+        return None
+
+    def _resident(self, windows_index: np.ndarray) -> AbstractContextManager[Any]:
+        """Remote windows fetched and pinned in memory for the kernel call inside the block."""
+        if self.residency is None:
+            return nullcontext()
+        return self.residency.ensure_windows(self.space, windows_index)
+
+    def _resident_at(self, addresses: np.ndarray) -> AbstractContextManager[Any]:
+        if self.residency is None:
+            return nullcontext()
+        return self.residency.ensure_at(addresses, self._window_bytes)
 
 
 def window_space(corpus: Corpus, options: StreamOptions) -> WindowSpace:
