@@ -2,7 +2,7 @@
 
 Every read of a remote object is conditional on the version it was opened at (``If-Match`` with
 its ETag, and the answer's ETag and size checked): a re-upload of the same key mid-run makes the
-next read of it fail with :class:`tokstream.remote.RemoteChangedError` naming the object, and
+next read of it fail with :class:`tokstream.shards.remote.RemoteChangedError` naming the object, and
 every batch delivered before is the old version's. The same holds for the bytes a cache
 directory keeps (named by the object's ETag: a reopened corpus reads the new version, not the
 old bytes), for a manifest's shards reopened after their map was dropped, and for a local
