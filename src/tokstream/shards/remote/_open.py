@@ -107,7 +107,7 @@ async def _expand(session: Session, url: str) -> list[tuple[str, str, int | None
     fixed = next(i for i, part in enumerate(parts) if GLOB_CHARS & set(part))
     folders = ["/".join(parts[:fixed])]
     for depth in range(fixed, len(parts) - 1):
-        below = []
+        below: list[str] = []
         for folder in folders:
             _, inside = await client.list_level(folder)
             below.extend(f for f in inside if fnmatch.fnmatchcase(_last(f), parts[depth]))
