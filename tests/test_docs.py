@@ -27,7 +27,7 @@ _NOT_IMPORTED = {
     "tokstream.prefetch",
     "tokstream.readahead",
 }
-_OPTIONAL = {"torch", "matplotlib"}
+_OPTIONAL = {"torch", "matplotlib", "grain", "jax"}
 
 
 def _module_names() -> list[str]:
@@ -198,7 +198,7 @@ def test_package_ships_py_typed_and_stubs() -> None:
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Libraries a block may import that the `test` extra does not install.
-_OPTIONAL_IN_BLOCKS = {"torch", "torchdata"}
+_OPTIONAL_IN_BLOCKS = {"torch", "torchdata", "grain", "jax", "flax", "orbax", "optax"}
 
 
 def _python_blocks() -> list[tuple[Path, int, str]]:
