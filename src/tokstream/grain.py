@@ -44,8 +44,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
         f"{install_hint('grain')}. Original error: {exc}"
     ) from exc
 
+from tokstream import TokenStream, stream_token_source
 from tokstream._options import stream_signature
-from tokstream.stream import TokenStream, stream_token_source
 
 __all__ = ["Sample", "TokenDatasetIterator", "TokenIterDataset", "TokenMapDataset"]
 
