@@ -407,8 +407,9 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         ``None`` (default): materialized for an array or sequence (what the reference takes)
         in the reference's windows (``stride=1``, ``windows="cross"``, no ``eos``), implicit
         otherwise (a :class:`~tokstream.Corpus`, e.g. from :func:`~tokstream.open_tokens`, or
-        a mixture). A materialized order of ``2**22`` windows or more warns when the stream is
-        made: it takes about a second or more to draw, every epoch.
+        a mixture). A materialized order of ``2**22`` windows or more that ``None`` chose warns
+        when the stream is made: it takes about a second or more to draw, every epoch (asked
+        for by name, it does not).
     prefetch
         Batches a background thread assembles ahead of the caller (0: none, the default).
     reuse_buffers

@@ -31,7 +31,7 @@ from tokstream._options import StreamOptions
 from tokstream.corpus import Corpus
 from tokstream.mixture import Mixture, mixture_of
 from tokstream.plan.mixture_order import MixtureOrder
-from tokstream.plan.order import WindowOrder
+from tokstream.plan.order import WindowOrder, warn_if_slow_draw
 from tokstream.plan.packed import (
     PackedFill,
     PackedMixtureOrder,
@@ -93,7 +93,7 @@ def stream_source(
         source = corpus = Corpus.from_tokens(token_ids)
     else:
         source, corpus = mixture, mixture.corpus
-    return source, StreamOptions.create(
+    stream_options = StreamOptions.create(
         block,
         batch_size,
         mixture=mixture is not None,
@@ -102,6 +102,15 @@ def stream_source(
         reference_input=source is not token_ids,
         **options,
     )
+    if (
+        options.get("permutation") is None
+        and stream_options.shuffle
+        and stream_options.permutation == "materialized"
+    ):
+        # The drawn order chosen by default: the caller who did not ask for it is told when it
+        # takes seconds to draw (one who asked for it, as the benchmark does, knows).
+        warn_if_slow_draw(corpus.num_windows(stream_options.block))
+    return source, stream_options
 
 
 def plan(source: Corpus | Mixture, options: StreamOptions) -> Plan:

@@ -70,7 +70,6 @@ class WindowOrder:
         self._rank, self._shuffle, self._global_batch = options.rank, options.shuffle, global_batch
         if self.draws_orders:
             check_order_fits(num_windows)
-            warn_if_slow_draw(num_windows)
         self._implicit_domain = implicit_domain(max(num_windows, 1))
         # (epoch, its round keys): the keys of the last epoch asked for (none yet).
         self._implicit_keys: tuple[int, np.ndarray] = (-1, np.empty(0, np.uint64))
@@ -232,6 +231,7 @@ SLOW_DRAW_WINDOWS = 1 << 22
 def warn_if_slow_draw(num_windows: int) -> None:
     """Warn, before anything is drawn, when a materialized order would take seconds to draw.
 
+    Called when a stream's order is materialized by default, never when it was asked for.
     Decided from the window count alone (never timed). The message names
     ``permutation="implicit"``, which needs no draw; Python's warning filter shows it once per
     place it is raised from, not once per stream or epoch.
