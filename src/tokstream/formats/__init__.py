@@ -2,6 +2,6 @@
 
 :mod:`tokstream.files` is the public face (detection, :func:`~tokstream.files.open_tokens`,
 :func:`~tokstream.writing.write_tokens`); the modules here know one layout each and hand back
-:class:`~tokstream.formats._common.Shard` objects: a read-only token array and, where the format
+:class:`~tokstream.formats.common.Shard` objects: a read-only token array and, where the format
 records them, the document boundaries inside it.
 """

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from tokstream._extras import install_hint
-from tokstream.formats._common import Shard, check_offsets, map_tokens
+from tokstream.formats.common import Shard, check_offsets, map_tokens
 
 FILE_MAGIC = b"ARROW1"
 STREAM_MAGIC = b"\xff\xff\xff\xff"

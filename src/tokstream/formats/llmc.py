@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokstream.formats._common import check_size, map_tokens, read_header
+from tokstream.formats.common import check_size, map_tokens, read_header
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4

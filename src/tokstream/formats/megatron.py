@@ -21,7 +21,7 @@ from typing import BinaryIO
 import numpy as np
 
 from tokstream import _validate
-from tokstream.formats._common import Shard, map_tokens, read_header
+from tokstream.formats.common import Shard, map_tokens, read_header
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
