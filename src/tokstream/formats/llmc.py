@@ -17,7 +17,7 @@ from tokstream.formats.common import check_size, map_tokens, read_header
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 #: (magic, version) -> stored token dtype.
-KINDS = {
+KINDS: dict[tuple[int, int], np.dtype] = {
     (20240520, 1): np.dtype("<u2"),
     (20240801, 7): np.dtype("<u4"),
 }
