@@ -23,9 +23,21 @@ if TYPE_CHECKING:
 
     from tokstream.formats.common import Shard
     from tokstream.shards.manifest import ManifestShards
-    from tokstream.shards.remote._client import RemoteNotFoundError, RemoteOptions, RemoteReadError
+    from tokstream.shards.remote._client import (
+        RemoteChangedError,
+        RemoteNotFoundError,
+        RemoteOptions,
+        RemoteReadError,
+    )
 
-__all__ = ["RemoteNotFoundError", "RemoteOptions", "RemoteReadError", "is_url", "open_url"]
+__all__ = [
+    "RemoteChangedError",
+    "RemoteNotFoundError",
+    "RemoteOptions",
+    "RemoteReadError",
+    "is_url",
+    "open_url",
+]
 
 
 def open_url(
@@ -49,7 +61,7 @@ def __getattr__(name: str) -> Any:
     # The client (asyncio among its imports) loads on first use: the core imports this package
     # for the few lines that tell a remote array from a local one, and every rank and
     # DataLoader worker reading local files would pay tens of milliseconds for it.
-    if name in {"RemoteNotFoundError", "RemoteOptions", "RemoteReadError"}:
+    if name in {"RemoteChangedError", "RemoteNotFoundError", "RemoteOptions", "RemoteReadError"}:
         from tokstream.shards.remote import _client
 
         return getattr(_client, name)
