@@ -36,8 +36,7 @@ from tokstream.mixture import Mixture, mixture_windows
 from tokstream.packing import Packing, RowPieces
 from tokstream.plan.mixture_order import MixtureOrder
 from tokstream.plan.order import WindowOrder
-from tokstream.shards.remote._resident import Residency
-from tokstream.shards.source import Readable
+from tokstream.shards.source import Readable, residency_of
 
 
 class PackedSpace:
@@ -391,7 +390,7 @@ class PackedFill:
         # Selects the kernel's specialisation only; the pieces are read from their addresses.
         self._anchor = np.empty(0, dtype)
         self._refuse = OutsideOutDtype(dtype, options.out_dtype)
-        self.residency = Residency.of_corpus(space.corpus)
+        self.residency = residency_of(space.corpus)
         # Rows whose pieces the kernel requests ahead of the copy (0: none); unshuffled rows
         # read consecutive documents, which the hardware prefetcher streams.
         self._rows_ahead = rows_ahead(space.block, dtype) if options.shuffle else 0

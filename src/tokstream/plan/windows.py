@@ -32,8 +32,7 @@ from tokstream._options import StreamOptions
 from tokstream._window_counts import capped_stride, cumulative, windows_per_segment
 from tokstream._windows import lookup_windows
 from tokstream.corpus import Corpus
-from tokstream.shards.remote._resident import Residency
-from tokstream.shards.source import Readable
+from tokstream.shards.source import Readable, residency_of
 
 #: Windows are bucketed into at least this many buckets (when there are as many windows), so
 #: that with a few segments almost every bucket lies inside one: the segment lookup then takes
@@ -236,7 +235,7 @@ class WindowFill:
         self._one_shard = space.one_shard
         self._refuse = OutsideOutDtype(dtype, options.out_dtype)
         # Remote shards: each batch's windows are fetched into memory before a kernel reads them.
-        self.residency = Residency.of_corpus(space.corpus)
+        self.residency = residency_of(space.corpus)
         self._window_bytes = (space.block + 1) * dtype.itemsize
 
     def __call__(
