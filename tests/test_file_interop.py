@@ -283,7 +283,7 @@ def test_a_stream_with_an_eos_the_corpus_lacks_warns_once_naming_the_documents_i
 
 
 def test_a_large_corpus_is_checked_for_eos_in_evenly_spaced_runs_not_read_whole(monkeypatch):
-    from tokstream import corpus as corpus_module
+    from tokstream import _eos as corpus_module
 
     monkeypatch.setattr(corpus_module, "EOS_CHECK_TOKENS", 640)  # 64 runs of 10 tokens
     tokens = np.ones(100_000, dtype=np.uint16)

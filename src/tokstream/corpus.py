@@ -9,32 +9,21 @@ single-shard corpus has exactly the reference's ``len(token_ids) - block`` windo
 from __future__ import annotations
 
 import mmap
-import sys
-import warnings
 from collections.abc import Iterator, Sequence
-from types import FrameType
 from typing import Any
 
 import numpy as np
 
 from tokstream import _validate
 from tokstream._document_starts import offsets_array, same_dtype_arrays, write_document_starts
+from tokstream._eos import EosNotFoundWarning, EosTokens
 from tokstream._frozen import frozen, frozen_state
-from tokstream._frozen import read_only as _read_only
 from tokstream._options import windows_within_documents
 from tokstream._window_counts import covered_tokens, cumulative, windows_per_segment
 from tokstream.shards.filemap import FileMap, MappedFiles, file_map_of
-from tokstream.shards.source import LazyShards, ShardSource, on_demand_of, present
+from tokstream.shards.source import LazyShards, ShardSource, on_demand_of
 
-#: A stream with ``eos=`` that does not scan every token anyway (``windows="within"`` does)
-#: looks for the token in at most this many tokens: all of a smaller corpus, else
-#: :data:`EOS_CHECK_CHUNKS` evenly spaced runs (8 MB of uint16 read at most).
-EOS_CHECK_TOKENS = 1 << 22
-EOS_CHECK_CHUNKS = 64
-
-
-class EosNotFoundWarning(UserWarning):
-    """A stream's ``eos`` token occurs nowhere the stream looked for it in its corpus."""
+__all__ = ["Corpus", "EosNotFoundWarning"]
 
 
 class Corpus:
@@ -197,10 +186,8 @@ class Corpus:
         return corpus
 
     def _set_eos_tables(self) -> None:
-        # eos token -> how many of the tokens looked at held it; the tokens warned about.
-        self._eos_found: dict[int, int] = {}
-        self._eos_warned: set[int] = set()
-        self._eos_sampled: set[int] = set()  # counted in a sample, not over every token
+        # What the corpus has found of each eos token (counted, warned about).
+        self._eos = EosTokens()
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Streams compute their bounds through these methods and properties: a method replaced
@@ -335,92 +322,18 @@ class Corpus:
         Scans every token once, chunk by chunk (a memory map is paged through, not copied); the
         result is O(documents).
         """
-        after_eos = []
-        for shard, base in zip(self._shards, self.shard_starts, strict=True):
-            done = 0
-            for chunk in _validate.chunks(shard):
-                # A remote shard's chunk is read once fetched (and pinned while it is read).
-                chunk = present(shard, done, done + chunk.shape[0])
-                after_eos.append(np.flatnonzero(chunk == eos) + (int(base) + done + 1))
-                done += chunk.shape[0]
-        self._eos_found[eos] = sum(found.shape[0] for found in after_eos)
-        self._eos_sampled.discard(eos)
-        # Two ascending runs, so a stable sort is one merge (np.unique would hash or sort
-        # O(documents) values from scratch: seconds at 10^7 documents). A boundary both recorded
-        # and after an eos (an eos ending a document or a shard) is kept once.
-        merged = np.sort(np.concatenate([self.document_boundaries, *after_eos]), kind="stable")
-        first = np.ones(merged.shape[0], dtype=bool)
-        np.not_equal(merged[1:], merged[:-1], out=first[1:])
-        return _read_only(merged[first])
+        return self._eos.boundaries(self, eos)
 
     def eos_count(self, eos: int) -> int:
         """How many tokens equal ``eos``: a full scan, unless :meth:`boundaries_with_eos` made
         one for this token already."""
-        if eos not in self._eos_found or eos in self._eos_sampled:
-            self.boundaries_with_eos(eos)
-        return self._eos_found[eos]
+        return self._eos.count(self, eos)
 
     def check_eos(self, eos: int) -> None:
-        """Warn (:class:`EosNotFoundWarning`, once per corpus and token) when ``eos`` is absent.
-
-        How it decides, without a pass over a large corpus that nothing else needs: after
-        :meth:`boundaries_with_eos` (``windows="within"``), by its count over every token;
-        otherwise by looking at up to :data:`EOS_CHECK_TOKENS` tokens, the whole corpus when it
-        is no larger, else :data:`EOS_CHECK_CHUNKS` evenly spaced runs of tokens (a token rare
-        enough to miss every run is warned about too; the message says where it looked). The
-        documents are then only those the corpus records (a Megatron dataset written without
-        ``--append-eod`` has documents but no eod tokens), or none.
-        """
-        if eos in self._eos_warned:
-            return
-        if eos not in self._eos_found:
-            self._eos_found[eos] = self._count_sampled(eos)
-            self._eos_sampled.add(eos)
-        if self._eos_found[eos] or self.num_tokens == 0:
-            return
-        self._eos_warned.add(eos)
-        total = self.num_tokens
-        looked = (
-            f"the corpus' {total:,} tokens"
-            if total <= EOS_CHECK_TOKENS
-            else f"{EOS_CHECK_CHUNKS} evenly spaced runs of "
-            f"{EOS_CHECK_TOKENS // EOS_CHECK_CHUNKS:,} of the corpus' {total:,} tokens"
-        )
-        documents = (
-            f"only the {self.document_boundaries.shape[0] - 1:,} documents the corpus records"
-            if self._has_documents
-            else "no document boundaries but the shards' own"
-        )
-        warnings.warn(
-            f"eos={eos} occurs in none of {looked}; windows='within' and the document extras "
-            f"will find {documents}. Was the corpus tokenized without an end-of-document "
-            "token, or with another one?",
-            EosNotFoundWarning,
-            stacklevel=_outside_tokstream(),
-        )
-
-    def _count_sampled(self, eos: int) -> int:
-        """Occurrences of ``eos`` among the tokens :meth:`check_eos` looks at."""
-        total = self.num_tokens
-        if total <= EOS_CHECK_TOKENS:
-            runs = [(0, total)]
-        else:
-            span = EOS_CHECK_TOKENS // EOS_CHECK_CHUNKS
-            step = (total - span) // (EOS_CHECK_CHUNKS - 1)
-            runs = [(k * step, k * step + span) for k in range(EOS_CHECK_CHUNKS)]
-        found = 0
-        starts = self.shard_starts
-        for first, last in runs:
-            # A run may cross from one shard into the next.
-            shard = int(np.searchsorted(starts, first, side="right")) - 1
-            while first < last and shard < len(self._shards):
-                local = first - int(starts[shard])
-                take = min(last - first, int(self._lengths[shard]) - local)
-                piece = present(self._shards[shard], local, local + take)
-                found += int(np.count_nonzero(piece == eos))
-                first += max(take, 0)
-                shard += 1
-        return found
+        """Warn (:class:`EosNotFoundWarning`, once per corpus and token) when ``eos`` is absent
+        (see :meth:`tokstream._eos.EosTokens.check`: how it looks without reading a large corpus
+        whole)."""
+        self._eos.check(self, eos)
 
     def tokens_in_windows(
         self, block: int, stride: int = 1, windows: str = "cross", eos: int | None = None
@@ -483,12 +396,3 @@ class Corpus:
                 continue
             advised += 1
         return advised
-
-
-def _outside_tokstream() -> int:
-    """The ``stacklevel`` of the first caller outside tokstream, for a warning made here."""
-    frame: FrameType | None = sys._getframe(2)
-    level = 2
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("tokstream"):
-        frame, level = frame.f_back, level + 1
-    return level
