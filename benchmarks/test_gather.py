@@ -5,7 +5,7 @@
   limits) on every shape, order and corpus dtype of docs/benchmarks.md, one group per (dtype,
   order, shape), summarised as ``tokstream bench --full`` tabulates them;
 - ``test_memory_map``: a uint16 memory-mapped file (page cache warm) against the same ids in RAM
-  as int64;
+  as int64 (the summary's ratio, RAM / memmap rate, is the memmap's time over RAM's);
 - ``test_prefetch_overlap``: a consumer that works as long per batch as the gather takes, with
   and without ``prefetch=2``;
 - ``test_batch_source``: the stream in the training process (``prefetch=0`` and ``2``) against
@@ -140,7 +140,7 @@ def test_memory_map(measure, settings, mapped_sources, shape, shuffle, source) -
         args=(timed, settings.batches),
         group=f"memory map {order_name(shuffle)} block={block} batch={batch_size}",
         side=source,
-        subject="uint16 memmap",
+        subject="int64 in RAM",  # its ratio to the memmap: memmap time / RAM time
         units=lambda windows: windows * block,
     )
 

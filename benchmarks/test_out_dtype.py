@@ -44,7 +44,7 @@ from tokstream.bench import _loop
 from tokstream.bench.baselines import best_c_loop_distance
 from tokstream.packing import Packing
 
-SHAPES = [(1024, 64), (128, 512)]
+SHAPES = [(1024, 64), (2048, 32), (4096, 16), (128, 512)]
 DTYPES = ["uint16", "int64"]
 EXTRAS = ("position_ids", "loss_mask", "cu_seqlens", "document_ids")
 OUTS = ["int32", "int64"]

@@ -16,9 +16,10 @@
   seconds.
 - ``test_epoch_memory``: an epoch of a uint16 token file (block 8, batch 65,536, in order)
   against the reference's first 20 batches; noted: the peak traced allocation of each.
-- ``test_resident_memory`` (``--bench-large``): ``RssAnon`` / ``RssFile`` of this process
-  along a long shuffled run on a 1 GB file, the stream's own advice (``MADV_RANDOM`` when
-  shuffled) against the kernel's default put back (``MADV_NORMAL``). Linux only.
+- ``test_resident_memory`` (``--bench-large``): ``RssAnon`` / ``RssFile`` and the bytes read
+  from disk of a fresh process along a long shuffled run on a 1 GB file, from a cold cache with
+  the stream's own advice (``MADV_RANDOM``) and with the kernel's default put back
+  (``MADV_NORMAL``), and warm, without and with ``MADV_DONTNEED`` every 1,000 batches. Linux only.
 
 Every stream's first batches are checked identical to the same stream over the tokens in RAM
 (or, for the manifest, over the glob) before timing.
@@ -27,7 +28,6 @@ Every stream's first batches are checked identical to the same stream over the t
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import subprocess
 import sys
@@ -427,7 +427,11 @@ def test_epoch_memory(measure, settings, tmp_path_factory, path) -> None:
     )
 
 
-def proc_fields(path: str, *names: str) -> dict[str, int]:
+RSS_CHILD = """
+import json, mmap, os, sys
+from tokstream import open_tokens, stream_token_source
+
+def fields(path, *names):
     values = {}
     with open(path) as f:
         for line in f:
@@ -436,44 +440,77 @@ def proc_fields(path: str, *names: str) -> dict[str, int]:
                 values[key] = int(rest.split()[0])
     return values
 
+path, batches, cold, advice, drop_every = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", \
+    sys.argv[4], int(sys.argv[5])
+if cold:
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+corpus = open_tokens(path)
+stream = stream_token_source(corpus, 128, 64, shuffle=True, seed=0, permutation="implicit")
+maps = list(corpus.memory_maps())
+if advice == "normal":
+    for m in maps:
+        m.madvise(mmap.MADV_NORMAL)
+read0 = fields("/proc/self/io", "read_bytes")["read_bytes"]
+marks = []
+for done in range(1, batches + 1):
+    next(stream)
+    if drop_every and done % drop_every == 0:
+        for m in maps:
+            m.madvise(mmap.MADV_DONTNEED)
+    if done in (batches // 100, batches):
+        status = fields("/proc/self/status", "RssAnon", "RssFile")
+        read = fields("/proc/self/io", "read_bytes")["read_bytes"] - read0
+        marks.append([done, status["RssAnon"] / 1024, status["RssFile"] / 1024, read / 2**20])
+print(json.dumps(marks))
+"""
+
+#: The runs of ``test_resident_memory``: (cold cache, advice, drop every K batches).
+RSS_RUNS = {
+    "cold, MADV_RANDOM (the stream's)": (True, "auto", 0),
+    "cold, MADV_NORMAL (the kernel's default)": (True, "normal", 0),
+    "warm, MADV_RANDOM": (False, "auto", 0),
+    "warm, MADV_RANDOM + MADV_DONTNEED every 1,000 batches": (False, "auto", 1000),
+}
+
 
 @pytest.mark.large
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
-@pytest.mark.parametrize("advice", ["auto", "normal"])
-def test_resident_memory(measure, settings, tmp_path_factory, advice) -> None:
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("run", list(RSS_RUNS))
+def test_resident_memory(measure, settings, tmp_path_factory, run) -> None:
+    """RssAnon / RssFile and the bytes read from disk of a fresh process along a long shuffled
+    run (block 128, batch 64, implicit permutation): after a hundredth of the batches and at
+    the end."""
     count = settings.size(500_000_000, 2_000_000)
     directory = Path(os.environ.get("TOKSTREAM_BENCH_DIR") or tmp_path_factory.getbasetemp())
     path = directory / f"tokens_{count}.npy"
     if not path.exists():
         write_random_tokens(path, count)
-    block, batch_size, batches = 128, 64, settings.size(20_000, 20)
-    corpus = open_tokens(path)
-    stream = stream_token_source(
-        corpus, block, batch_size, shuffle=True, seed=0, permutation="implicit"
-    )
-    maps = list(corpus.memory_maps())
-    if advice == "normal":
-        for m in maps:
-            m.madvise(mmap.MADV_NORMAL)
-    marks: list[str] = []
-
-    def run() -> None:
-        for done in range(1, batches + 1):
-            next(stream)
-            if done in (batches // 10, batches // 2, batches):
-                status = proc_fields("/proc/self/status", "RssAnon", "RssFile")
-                marks.append(
-                    f"{done}: RssAnon {status['RssAnon'] / 1024:.1f} MiB, "
-                    f"RssFile {status['RssFile'] / 1024:.1f} MiB"
-                )
-
-    group = f"resident memory: {count:,}-token file, block {block}, batch {batch_size}, shuffled"
-    measure(
-        run,
+    cold, advice, drop_every = RSS_RUNS[run]
+    batches = settings.size(20_000, 200)
+    drop_every = settings.size(drop_every, drop_every // 100)
+    if cold:
+        evict(str(path))  # skips where the file cannot leave the page cache
+    else:
+        np.load(path, mmap_mode="r").max()  # into the page cache
+    argv = [sys.executable, "-c", RSS_CHILD, str(path), str(batches), "1" if cold else "0",
+            advice, str(drop_every)]  # fmt: skip
+    group = f"resident memory: {count:,}-token uint16 file, 128 x 64, shuffled, {batches} batches"
+    marks = measure(
+        lambda: json.loads(subprocess.run(argv, check=True, capture_output=True).stdout),
         group=group,
-        side=f"advice {advice}",
-        subject="advice auto",
-        units=batches * batch_size * block,
+        side=run,
+        subject=None,
+        units=batches * 64 * 128,
         rounds=1,
     )
-    measure.note(group, f"advice {advice}: " + "; ".join(marks))
+    measure.note(
+        group,
+        f"{run}: "
+        + "; ".join(
+            f"after {done:,} batches RssAnon {anon:.0f} MiB, RssFile {file:.0f} MiB, read "
+            f"{read:.0f} MiB"
+            for done, anon, file, read in marks
+        ),
+    )
