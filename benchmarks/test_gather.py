@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 
 from tokstream import bench, open_tokens, stream_token_source, write_tokens
-from tokstream._kernels.gather import gather_windows
 from tokstream._space import cache_ahead
+from tokstream._windows import gather_windows
 from tokstream.bench import baselines, harness
 from tokstream.bench._loop import copy_windows
 

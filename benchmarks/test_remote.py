@@ -37,6 +37,7 @@ import pytest
 
 import tokstream
 from tokstream.manifest import write_manifest
+from tokstream.shards.remote import RemoteOptions
 
 BLOCK, BATCH_SIZE, IN_FLIGHT = 1024, 64, 64
 SHAPES = [(1024, 64), (128, 512)]
@@ -182,7 +183,7 @@ def test_remote_rate(measure, settings, store, shape, delay, side) -> None:
         )
         return
     check_remote_matches_local(store, store["url"], block, batch_size)
-    options = tokstream.remote.RemoteOptions(max_in_flight=IN_FLIGHT)
+    options = RemoteOptions(max_in_flight=IN_FLIGHT)
     corpus = tokstream.open_tokens(store["url"], remote=options)
     stream = tokstream.stream_token_source(corpus, block, batch_size, seed=1, epochs=1000)
     next(stream)
@@ -223,7 +224,7 @@ def test_remote_first_batch(measure, settings, store, shape, delay, side) -> Non
         function = store_first_batch
     else:
         check_remote_matches_local(store, store["url"], block, batch_size)
-        options = tokstream.remote.RemoteOptions(max_in_flight=IN_FLIGHT)
+        options = RemoteOptions(max_in_flight=IN_FLIGHT)
         corpus = tokstream.open_tokens(store["url"], remote=options)
         rounds = iter(range(10**6))
 
@@ -246,11 +247,10 @@ def test_remote_first_batch(measure, settings, store, shape, delay, side) -> Non
 
 
 def cache_settings(corpus_bytes: int) -> dict[str, Any]:
-    remote = tokstream.remote
     return {
-        "no budget": remote.RemoteOptions(),
-        "cache_max_bytes=1 MiB": remote.RemoteOptions(cache_max_bytes=1 << 20),
-        "cache_max_bytes > corpus": remote.RemoteOptions(cache_max_bytes=2 * corpus_bytes),
+        "no budget": RemoteOptions(),
+        "cache_max_bytes=1 MiB": RemoteOptions(cache_max_bytes=1 << 20),
+        "cache_max_bytes > corpus": RemoteOptions(cache_max_bytes=2 * corpus_bytes),
     }
 
 
@@ -301,7 +301,7 @@ def test_cache_epochs(measure, settings, store, setting) -> None:
 
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_cache_memory(measure, settings, store, setting) -> None:
-    from tokstream.remote._memory import remote_tokens_of
+    from tokstream.shards.remote._memory import remote_tokens_of
 
     big = tokstream.open_tokens(store["big url"])
     options = cache_settings(big.num_tokens * big.dtype.itemsize)[setting]
