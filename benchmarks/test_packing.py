@@ -6,10 +6,10 @@
   most 0.5%), the share of documents split across samples, packed against ``stride=block``
   windows of the concatenated documents, and the share of labels each window policy keeps;
 - ``test_first_batch``: a shuffled packed stream's first batch (block 2048, batch 16) over ten
-  million documents (their Megatron index real, their tokens a sparse file), the corpus opened
-  from the Megatron files or through a manifest of them, open included (target: under a second
-  at 10**7); noted: the memory it allocates (tracemalloc) and its ``state_dict()``'s JSON size
-  (target: under 16 KB);
+  million documents (their Megatron index real, their tokens a sparse file), the corpus already
+  open, or opened from the Megatron files or through a manifest of them, open included (target:
+  under a second at 10**7); noted: the memory it allocates (tracemalloc) and its
+  ``state_dict()``'s JSON size (target: under 16 KB);
 - ``test_rate``: packed rows against ``stride=block`` windows (``targets="shifted"``, loss mask)
   over the same ~2 * 10**7 uint16 tokens (target: at least 0.5).
 
@@ -99,30 +99,34 @@ def megatron_documents(settings, lognormal_lengths, tmp_path_factory) -> dict[st
     return {"Megatron files": str(prefix), "manifest": str(directory / "toc")}
 
 
-def first_packed_batch(path: str) -> Any:
-    stream = stream_token_source(open_tokens(path), 2048, 16, windows="packed", pad=0)
+def first_packed_batch(source: Any) -> Any:
+    """A shuffled packed stream over ``source`` (a path: opened first) and its first batch."""
+    corpus = open_tokens(source) if isinstance(source, str) else source
+    stream = stream_token_source(corpus, 2048, 16, windows="packed", pad=0)
     next(stream)
     return stream
 
 
-@pytest.mark.parametrize("opened", ["Megatron files", "manifest"])
+@pytest.mark.parametrize("opened", ["already open", "Megatron files", "manifest"])
 def test_first_batch(measure, settings, megatron_documents, opened) -> None:
-    path = megatron_documents[opened]
+    """The stream's first batch over the corpus in hand, and with the open of its files."""
+    path = megatron_documents["Megatron files" if opened == "already open" else opened]
     batch = next(stream_token_source(open_tokens(path), 2048, 16, windows="packed", pad=0))
     assert batch["input_ids"].shape == (16, 2048)
+    source: Any = open_tokens(path) if opened == "already open" else path
     group = "packed first batch block=2048 batch=16 shuffled"
     measure(
         first_packed_batch,
-        args=(path,),
+        args=(source,),
         group=group,
-        side=f"open {opened} + first batch",
+        side=f"{opened}: first batch" if opened == "already open" else f"open {opened} + batch",
         units=1,
         unit="s",
-        subject="open Megatron files + first batch",
+        subject=None,
         rounds=settings.size(3, 1),
     )
     tracemalloc.start()
-    stream = first_packed_batch(path)
+    stream = first_packed_batch(source)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     state = len(json.dumps(stream.state_dict()))
