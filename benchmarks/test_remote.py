@@ -101,9 +101,9 @@ def obstore_of(store: dict[str, Any]) -> Any:
     """An obstore S3 store of the bucket, through the proxy, with no retries."""
     from obstore.store import S3Store
 
-    from tests.object_store import client_environment
+    from tests import object_store
 
-    env = client_environment(store["proxy"].endpoint)
+    env = object_store.client_environment(store["proxy"].endpoint)
     return S3Store(
         store["bucket"],
         endpoint=store["proxy"].endpoint,

@@ -42,10 +42,9 @@ def cache_ahead(block: int, dtype: np.dtype) -> int:
     28 windows of 8 int64 tokens, 7 of 128 uint16 tokens, one of 1024 uint16 tokens or of 128
     int64 tokens. Windows longer than 33 cache lines (a 2 KiB window) are better off without:
     the hardware prefetcher streams each after its first lines, and the extra instructions cost
-    up to 3x. The same rule
-    holds for windows of the output dtype, which are copied by ``memcpy``: a stream of int64
-    windows of 129 tokens with shifted targets (two copies a window) ran 1.4-1.6x faster with one
-    or two windows requested ahead than with none.
+    up to 3x. The same rule holds for windows of the output dtype, which are copied by
+    ``memcpy``: a stream of int64 windows of 129 tokens with shifted targets (two copies a
+    window) ran 1.4-1.6x faster with one or two windows requested ahead than with none.
     """
     window_bytes = (block + 1) * dtype.itemsize
     if window_bytes > 33 * 64:
