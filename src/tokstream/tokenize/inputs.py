@@ -14,8 +14,9 @@ import os
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from tokstream import files
 from tokstream.formats import arrow
@@ -33,7 +34,7 @@ class Conversation:
     where: Callable[[], str]
 
 
-def expand_inputs(inputs: Sequence[str | os.PathLike]) -> list[Path]:
+def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """Each input as a file, or a pattern's sorted matches, in the order given."""
     if isinstance(inputs, (str, os.PathLike)) or not inputs:
         raise TypeError("inputs must be a nonempty list of paths or patterns")
@@ -77,7 +78,8 @@ def check_chat_input(path: Path) -> None:
 def parquet_rows(path: Path, text_field: str, chat: bool = False) -> int:
     """The rows of a Parquet input, its text column (with ``chat``, its list column of
     messages) checked (its footer is all that is read)."""
-    return _parquet_file(path, text_field, chat).metadata.num_rows
+    rows: int = _parquet_file(path, text_field, chat).metadata.num_rows
+    return rows
 
 
 def read_span(
@@ -122,7 +124,7 @@ def _line_documents(
             if not line:
                 return
             text = _document(
-                line, path, kind, text_field, lambda at=position: _line_number(path, at), chat
+                line, path, kind, text_field, partial(_line_number, path, position), chat
             )
             position += len(line)
             if text:
@@ -139,7 +141,7 @@ def _whole_file_documents(
     path: Path, kind: str, text_field: str, document_per_file: bool, chat: bool
 ) -> Iterator[tuple[Any, int]]:
     with open(path, "rb") as raw:
-        f: IO[bytes] = gzip.GzipFile(fileobj=raw) if path.suffix.lower() == ".gz" else raw
+        f = gzip.GzipFile(fileobj=raw) if path.suffix.lower() == ".gz" else raw
         with f:
             if kind == "text" and document_per_file:
                 text = _decode(f.read(), path, 1)
@@ -147,7 +149,8 @@ def _whole_file_documents(
                     yield text, raw.tell()
                 return
             for number, line in enumerate(f, start=1):
-                text = _document(line, path, kind, text_field, lambda n=number: n, chat)
+                # The line's number is known here: partial(int, number)() is number.
+                text = _document(line, path, kind, text_field, partial(int, number), chat)
                 if text:
                     # The file's own position: for a .gz, the compressed bytes read so far.
                     yield text, raw.tell()
@@ -191,12 +194,12 @@ def _json_text(line: str, path: Path, number: Callable[[], int], field: str) -> 
         raise ValueError(f"input {path}, line {number()}: not JSON: {exc}") from None
     if not isinstance(record, dict) or field not in record:
         raise ValueError(f"input {path}, line {number()}: no {field!r} field (--text-field)")
-    if not isinstance(record[field], str):
+    text = record[field]
+    if not isinstance(text, str):
         raise ValueError(
-            f"input {path}, line {number()}: field {field!r} is "
-            f"{type(record[field]).__name__}, not text"
+            f"input {path}, line {number()}: field {field!r} is {type(text).__name__}, not text"
         )
-    return record[field]
+    return text
 
 
 def _parquet_file(path: Path, field: str, chat: bool = False) -> Any:
@@ -240,8 +243,8 @@ def _parquet_documents(
             if chat:
                 at = max(start, first)
                 for i, messages in enumerate(column.to_pylist()):
-                    where = f"input {path}, row {at + i}"
-                    yield Conversation({MESSAGES: messages}, lambda w=where: w), done
+                    where = partial(str, f"input {path}, row {at + i}")
+                    yield Conversation({MESSAGES: messages}, where), done
             else:
                 yield from ((text, done) for text in column.to_pylist() if text)
         first += rows
