@@ -31,13 +31,15 @@ file's name, not its tokens.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tokstream import _validate, manifest
 from tokstream.corpus import Corpus
-from tokstream.formats import arrow
+from tokstream.formats import arrow, tokenized
 from tokstream.formats.common import Shard
 from tokstream.formats.table import FORMATS, checked_tokens, open_one, resolve_paths
 from tokstream.formats.table import detect_format as detect_format

@@ -23,7 +23,7 @@ import numpy as np
 
 from tokstream import writing
 from tokstream.formats import tokenized
-from tokstream.formats._common import atomic_writer
+from tokstream.formats.common import atomic_writer
 from tokstream.formats.writer import TokenFileWriter
 from tokstream.tokenize.chat import BadConversation, ChatEncoder, ChatSpec
 from tokstream.tokenize.encoders import PARALLELISM, Encoder
