@@ -33,7 +33,7 @@ extensions = [
     )
     # The kernels (src/tokstream/_kernels/): the window gather, the document gather, one
     # corpus's implicit order, the mixture's order, read-ahead advice for memory-mapped corpora,
-    # packed rows (best fit; the rows' copy).
+    # packed rows (best fit; the rows' copy), the repetition filter.
     # Then the plain C loop that benchmarks hold the kernels to and the device's random-read
     # rate that the cold-cache benchmark holds read-ahead to.
     for name in (
@@ -44,6 +44,7 @@ extensions = [
         "_kernels.advice",
         "_kernels.pack",
         "_kernels.packed_copy",
+        "_kernels.repetition",
         "bench._loop",
         "bench._device",
     )
