@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 
 import tokstream
-from tokstream.remote import RemoteOptions
-from tokstream.remote._memory import remote_tokens_of
+from tokstream.shards.remote import RemoteOptions
+from tokstream.shards.remote._memory import remote_tokens_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the suite's server machinery
 

@@ -48,8 +48,8 @@ from fuzz.model import (
 )
 from fuzz.schedule import schedule_edit_verdict
 from tokstream import Corpus, mix, open_tokens, reference, stream_token_source, write_tokens
-from tokstream._filemap import file_map_of
 from tokstream._options import DOCUMENT_EXTRAS
+from tokstream.shards.filemap import file_map_of
 
 # Batches compared per call: epochs may be 2**70.
 MAX_BATCHES = 30

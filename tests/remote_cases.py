@@ -1,7 +1,7 @@
 """What the remote suites share: the same corpus in every format that opens from object storage,
 uploaded beside its local copy, and the comparison of a remote stream with the local one.
 
-The suites skip, rather than fail, until ``tokstream.remote`` and its client (the ``remote``
+The suites skip, rather than fail, until ``tokstream.shards.remote`` and its client (the ``remote``
 extra) are installed: each calls :func:`require_remote` at import.
 """
 
@@ -22,8 +22,10 @@ SEED = 1234
 
 
 def require_remote() -> Any:
-    """``tokstream.remote``, or skip the module: not written yet, or obstore not installed."""
-    remote = pytest.importorskip("tokstream.remote", reason="tokstream.remote is not there yet")
+    """``tokstream.shards.remote``, or skip the module: not there, or obstore not installed."""
+    remote = pytest.importorskip(
+        "tokstream.shards.remote", reason="tokstream.shards.remote is not there yet"
+    )
     pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
     return remote
 
@@ -155,7 +157,7 @@ def stream_batches(corpus: tokstream.Corpus, block: int, batch_size: int, **opti
 
 
 def open_remote(spec: Any, **options: Any) -> tokstream.Corpus:
-    """``open_tokens(spec)`` with :class:`tokstream.remote.RemoteOptions` made of ``options``
+    """``open_tokens(spec)`` with :class:`tokstream.shards.remote.RemoteOptions` made of ``options``
     (the deadline, timeout, cache directory ... of the requests)."""
     remote = require_remote()
     return tokstream.open_tokens(spec, remote=remote.RemoteOptions(**options) if options else None)

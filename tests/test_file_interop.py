@@ -179,7 +179,7 @@ def _first_batches(corpus) -> list[list[int]]:
 
 def _spawned(data: bytes) -> tuple[list[list[int]], str | None]:
     """In a spawned process: unpickle the corpus, stream, and say which file shard 0 maps."""
-    from tokstream._filemap import file_map_of
+    from tokstream.shards.filemap import file_map_of
 
     corpus = pickle.loads(data)
     found = file_map_of(corpus.shards[0])

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from tokstream._filemap import FileMap, file_map_of, map_tokens
+from tokstream.shards.filemap import FileMap, file_map_of, map_tokens
 
 
 def mapped_paths() -> set[str]:

@@ -19,8 +19,8 @@ import tokstream
 from tests.conftest import KERNEL_DTYPES, assert_same_batches, sharded_oracle_batches
 from tokstream import Corpus, open_tokens, stream_token_source, write_tokens
 from tokstream import reference as ref
-from tokstream._filemap import FileMap
 from tokstream.files import detect_format
+from tokstream.shards.filemap import FileMap
 
 LLMC_MAGIC = 20240520  # llm.c GPT-2 shards: version 1, uint16 tokens
 

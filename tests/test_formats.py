@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from tokstream import Corpus, _validate, open_tokens, write_tokens
-from tokstream._filemap import FileMap
 from tokstream.files import FORMATS, detect_format
 from tokstream.formats import megatron
+from tokstream.shards.filemap import FileMap
 
 MEGATRON_CODES = {
     np.uint8: 1,

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream import _filemap, files, manifest, writing
 from tokstream import _readahead as readahead
+from tokstream import files, manifest, writing
 from tokstream.formats import tokenized
 from tokstream.manifest import write_manifest
+from tokstream.shards import filemap
 
 from .conftest import assert_same_batches
 from .test_formats import write_save_to_disk_layout
@@ -175,13 +176,13 @@ class CallCounter:
             (builtins, "open"),
         ]:
             monkeypatch.setattr(module, name, self._wrap(getattr(module, name), name))
-        init = _filemap.FileMap.__init__
+        init = filemap.FileMap.__init__
 
         def counted_map(map_self, *args, **kwargs):
             self.calls.append("map")
             init(map_self, *args, **kwargs)
 
-        monkeypatch.setattr(_filemap.FileMap, "__init__", counted_map)
+        monkeypatch.setattr(filemap.FileMap, "__init__", counted_map)
 
     def _wrap(self, function, name):
         def counted(*args, **kwargs):

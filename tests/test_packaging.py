@@ -37,10 +37,11 @@ def test_reading_local_files_imports_neither_asyncio_nor_the_object_store_client
         "import sys, tokstream\n"
         f"corpus = tokstream.open_tokens({str(tmp_path / '*.npy')!r})\n"
         "next(tokstream.stream_token_source(corpus, 8, 2))\n"
-        "print(sorted(m for m in ('asyncio', 'tokstream.remote._client', "
-        "'tokstream.remote._session', 'tokstream.remote._open') if m in sys.modules))\n"
-        "from tokstream.remote import RemoteOptions\n"
+        "print(sorted(m for m in ('asyncio', 'tokstream.shards.remote._client', "
+        "'tokstream.shards.remote._session', 'tokstream.shards.remote._open') "
+        "if m in sys.modules))\n"
+        "from tokstream.shards.remote import RemoteOptions\n"
         "print(RemoteOptions.__module__)\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert run.stdout.splitlines() == ["[]", "tokstream.remote._client"]
+    assert run.stdout.splitlines() == ["[]", "tokstream.shards.remote._client"]

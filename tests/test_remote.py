@@ -1,4 +1,4 @@
-"""tokstream.remote's own parts: URLs, options, coalescing, the fetch accounting and the cache.
+"""tokstream.shards.remote's own parts: URLs, options, coalescing, fetch accounting, the cache.
 
 The batches themselves (every format and policy against the local files, faults, lifecycle) are
 the remote suites' (``test_remote_parity.py``, ``test_remote_faults.py``,
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream.remote import RemoteOptions, is_url
-from tokstream.remote._memory import remote_tokens_of
-from tokstream.remote._session import coalesce
-from tokstream.remote._url import split_url
+from tokstream.shards.remote import RemoteOptions, is_url
+from tokstream.shards.remote._memory import remote_tokens_of
+from tokstream.shards.remote._session import coalesce
+from tokstream.shards.remote._url import split_url
 
 
 class FakeObject:

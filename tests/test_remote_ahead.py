@@ -23,8 +23,8 @@ from tests.remote_cases import (
     require_remote,
     uploaded_npy,
 )
-from tokstream.remote._memory import remote_tokens_of
-from tokstream.remote._session import coalesce
+from tokstream.shards.remote._memory import remote_tokens_of
+from tokstream.shards.remote._session import coalesce
 
 remote = require_remote()
 

@@ -1,6 +1,6 @@
 """The bounded cache of a remote corpus: pins, eviction, the budget, and batches unchanged by it.
 
-The first tests drive :class:`tokstream.remote._cache.Cache` over real object maps with no
+The first tests drive :class:`tokstream.shards.remote._cache.Cache` over real object maps with no
 server (bytes written as a fetch writes them); the rest stream from moto's S3 server and compare
 every batch with the same files read locally, counting resident bytes as the cache reports
 them and the bytes the server sent.
@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tokstream
-from tokstream.remote import RemoteOptions
-from tokstream.remote._cache import EXTENT, PAGE
-from tokstream.remote._memory import ObjectBytes, remote_tokens_of
-from tokstream.remote._session import Session
+from tokstream.shards.remote import RemoteOptions
+from tokstream.shards.remote._cache import EXTENT, PAGE
+from tokstream.shards.remote._memory import ObjectBytes, remote_tokens_of
+from tokstream.shards.remote._session import Session
 
 needs_obstore = pytest.mark.skipif(
     importlib.util.find_spec("obstore") is None,

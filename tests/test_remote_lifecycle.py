@@ -152,7 +152,7 @@ def test_a_ctrl_c_while_waiting_for_the_store_leaves_the_stream_whole(
 
 CHILD = """
 import json, sys, threading, tokstream
-from tokstream.remote import RemoteOptions
+from tokstream.shards.remote import RemoteOptions
 url, cache = sys.argv[1], sys.argv[2] or None
 corpus = tokstream.open_tokens(url, remote=RemoteOptions(cache_dir=cache))
 epochs = 10**6 if sys.argv[3] == "interrupt" else 2  # interrupted: still running at SIGINT

@@ -377,7 +377,7 @@ def test_a_fork_worker_continues_a_stream_whose_prefetch_thread_was_running():
 
 def check_the_worker_maps_the_file(worker_id: int) -> None:
     """worker_init_fn: the worker's corpus maps the file again instead of holding a copy."""
-    from tokstream._filemap import file_map_of
+    from tokstream.shards.filemap import file_map_of
 
     shard = torch.utils.data.get_worker_info().dataset.corpus.shards[0]
     assert file_map_of(shard) is not None, "the worker got a copy of the tokens"

@@ -34,7 +34,7 @@ from tokstream._kernels.packed_copy import fill_packed
 from tokstream._options import StreamOptions
 from tokstream._packed import PackedMixtureSpace, PackedSpace
 from tokstream._space import WindowSpace, cache_ahead, rows_ahead
-from tokstream.remote._resident import Residency
+from tokstream.shards.remote._resident import Residency
 
 #: A batch: ``(windows, targets)``, or with extras a dict of arrays (and ``"max_seqlen"``, an
 #: int, beside ``"cu_seqlens"``).

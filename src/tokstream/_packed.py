@@ -19,12 +19,12 @@ from tokstream._kernels.advice import advise_at
 from tokstream._kernels.packed_copy import piece_addresses
 from tokstream._options import StreamOptions
 from tokstream._order import WindowOrder
-from tokstream._shardsource import Readable
 from tokstream._state import Cursor
 from tokstream._validate import INT64_MAX, token_id
 from tokstream.corpus import Corpus
 from tokstream.mixture import Mixture, MixtureOrder, mixture_windows
 from tokstream.packing import Packing, RowPieces
+from tokstream.shards.source import Readable
 
 
 class PackedSpace:

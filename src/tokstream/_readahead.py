@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from tokstream._order import WindowOrder
     from tokstream._space import WindowSpace
     from tokstream._state import Cursor
-    from tokstream.remote._resident import Residency
+    from tokstream.shards.remote._resident import Residency
 
 #: Windows whose reads are kept in flight ahead of the batch being copied (at least one batch):
 #: enough to fill a device's queue, few enough that little is read for nothing if the stream
@@ -147,7 +147,7 @@ def read_ahead(
     Random windows of a memory-mapped corpus are read ahead, and so are the pieces of shuffled
     packed rows (documents in a random order); sequential ones are left to the OS's own
     read-ahead (``MADV_SEQUENTIAL``), arrays in RAM need none. Every window (or packed row's
-    pieces) of a remote corpus is fetched ahead (``residency``, :mod:`tokstream.remote`).
+    pieces) of a remote corpus is fetched ahead (``residency``, :mod:`tokstream.shards.remote`).
     """
     if residency is not None:
         ahead = ReadAhead(order, residency.advisor(space), options.batch_size)  # type: ignore[arg-type]

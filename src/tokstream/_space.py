@@ -17,9 +17,9 @@ from tokstream._arrays import frozen
 from tokstream._kernels.advice import advise_at
 from tokstream._kernels.gather import lookup_windows
 from tokstream._options import StreamOptions
-from tokstream._shardsource import Readable
 from tokstream._windowing import capped_stride, cumulative, windows_per_segment
 from tokstream.corpus import Corpus
+from tokstream.shards.source import Readable
 
 #: The kernel requests about this many bytes of window data into the cache ahead of the window
 #: it copies, and at most this many windows ahead (see :func:`cache_ahead`).
@@ -132,7 +132,7 @@ class WindowSpace:
         else:
             # Shards read on demand have no address yet: a segment's "address" holds its shard
             # above bit ``_shard_shift`` and its byte offset in the shard below; :meth:`locate`
-            # asks the source for the real ones (see tokstream._shardsource).
+            # asks the source for the real ones (see tokstream.shards.source).
             largest = int(corpus.lengths.max(initial=0)) * corpus.dtype.itemsize
             self._shard_shift = max(1, largest.bit_length())
             if self._shard_shift + max(1, len(self._shards) - 1).bit_length() > 63:
@@ -189,7 +189,7 @@ class WindowSpace:
         """``(first tokens, their addresses, what keeps them readable)`` of the windows: where
         the kernels copy from.
 
-        The addresses are valid until the :class:`~tokstream._shardsource.Readable` is
+        The addresses are valid until the :class:`~tokstream.shards.source.Readable` is
         released, and only until then: release it right after the kernel call. For shards in
         hand that costs nothing (this space holds them); for shards read on demand the corpus'
         source is asked to make each window's ``block + 1`` tokens readable (mapping shards).

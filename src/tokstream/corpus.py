@@ -26,11 +26,11 @@ from tokstream._arrays import (
     write_document_starts,
 )
 from tokstream._arrays import read_only as _read_only
-from tokstream._filemap import FileMap, MappedFiles, file_map_of
-from tokstream._shardsource import LazyShards, ShardSource
 from tokstream._windowing import covered_tokens, cumulative, windows_per_segment
-from tokstream.remote._memory import remote_tokens_of
-from tokstream.remote._resident import present
+from tokstream.shards.filemap import FileMap, MappedFiles, file_map_of
+from tokstream.shards.remote._memory import remote_tokens_of
+from tokstream.shards.remote._resident import present
+from tokstream.shards.source import LazyShards, ShardSource
 
 #: A stream with ``eos=`` that does not scan every token anyway (``windows="within"`` does)
 #: looks for the token in at most this many tokens: all of a smaller corpus, else
@@ -450,7 +450,7 @@ class Corpus:
 
         Found by following each shard's ``.base`` chain, which ends at the ``mmap.mmap`` for a
         ``np.memmap``, for ``np.load(..., mmap_mode=...)`` and for views of either, and at the
-        :class:`~tokstream._filemap.FileMap` for a file :func:`tokstream.open_tokens` opened.
+        :class:`~tokstream.shards.filemap.FileMap` for a file :func:`tokstream.open_tokens` opened.
         A corpus opened from a manifest yields the maps open now.
         """
         if self._source is not None:

@@ -24,7 +24,7 @@ module of :mod:`tokstream.formats` knows one layout; this module detects, dispat
 Every corpus :func:`open_tokens` returns is read-only and backed by memory maps (or, for an
 in-memory Arrow table, by its buffers): opening reads headers and indexes and, for uint64 tokens,
 scans the values in bounded chunks; the tokens are paged in only when a window touches them. A
-mapping keeps no file descriptor open (:mod:`tokstream._filemap`), so a corpus of thousands of
+mapping keeps no file descriptor open (:mod:`tokstream.shards.filemap`), so a corpus of thousands of
 shards opens under ``ulimit -n 1024``, and pickling it (for spawned DataLoader workers) sends each
 file's name, not its tokens.
 """
@@ -164,8 +164,8 @@ def open_tokens(
     remote
         For URLs of object storage (``s3://``, ``gs://``, ``az://``, ``http(s)://``: a file,
         a pattern, a Megatron prefix, a ``tokstream tokenize`` directory, or a list of them):
-        a :class:`tokstream.remote.RemoteOptions` (requests in flight, retry deadline, a local
-        cache directory); None takes the defaults. Needs the ``remote`` extra (obstore).
+        a :class:`tokstream.shards.remote.RemoteOptions` (requests in flight, retry deadline, a
+        local cache directory); None takes the defaults. Needs the ``remote`` extra (obstore).
 
     Returns
     -------
@@ -197,7 +197,7 @@ def open_tokens(
     want = None if dtype is None else _validate.integer_dtype(dtype, "dtype")
     remote_shards = None
     if remote_urls(path_or_paths_or_glob):
-        from tokstream.remote import _manifest, _open
+        from tokstream.shards.remote import _manifest, _open
 
         opened = _open.open_remote(path_or_paths_or_glob, want, format, _open.options(remote))
         if isinstance(opened, _open.Listed):
@@ -232,7 +232,7 @@ def open_tokens(
 
 def remote_urls(spec: Any) -> bool:
     """Whether ``spec`` names objects in object storage: a URL, or a list of URLs only."""
-    from tokstream.remote import is_url
+    from tokstream.shards.remote import is_url
 
     if isinstance(spec, (list, tuple)) and spec and all(is_url(item) for item in spec):
         return True

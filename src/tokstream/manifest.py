@@ -38,13 +38,13 @@ from typing import Any
 import numpy as np
 
 from tokstream import _validate
-from tokstream._filemap import file_map_of
-from tokstream._manifestshards import COLUMNS, KIND, VERSION, ManifestShards
-from tokstream._shardsource import DEFAULT_CAPACITY
 from tokstream._windowing import cumulative
 from tokstream.corpus import Corpus
 from tokstream.formats import megatron
 from tokstream.formats._common import PathLike, Shard, atomic_writer
+from tokstream.shards.filemap import file_map_of
+from tokstream.shards.manifest import COLUMNS, KIND, VERSION, ManifestShards
+from tokstream.shards.source import DEFAULT_CAPACITY
 
 __all__ = [
     "COLUMNS",

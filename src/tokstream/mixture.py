@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 
 from tokstream._arrays import read_only
-from tokstream._joinedshards import JoinedShards
 from tokstream._options import StreamOptions
 from tokstream._order import FEISTEL_ROUNDS, WindowOrder, implicit_domain
 from tokstream._schedule import MixtureWindows, Stage
@@ -45,6 +44,7 @@ from tokstream._space import WindowSpace
 from tokstream._state import Cursor, schedule_fingerprint
 from tokstream._validate import INT64_MAX
 from tokstream.corpus import Corpus
+from tokstream.shards.joined import JoinedShards
 
 #: The integer weights of a schedule sum to at most this (plus one per source): the kernel's
 #: products stay below ``2**63``.
@@ -52,7 +52,7 @@ WEIGHT_TOTAL = 1 << 30
 
 #: Sources of at most this many shards together, all of them arrays in hand, are joined as a
 #: tuple of those arrays; beyond it (or with a source whose shards are read on demand) through
-#: a :class:`~tokstream._joinedshards.JoinedShards` source, with no Python work per shard.
+#: a :class:`~tokstream.shards.joined.JoinedShards` source, with no Python work per shard.
 LISTED_SHARDS = 4096
 
 #: The most stages a schedule may have: a state dict records each (its start and a digest of

@@ -35,11 +35,11 @@ import numpy as np
 
 from tokstream import _validate
 from tokstream._arrays import frozen
-from tokstream._filemap import FileMap
-from tokstream._shardsource import Readable, ShardSource
 from tokstream._windowing import cumulative
 from tokstream.corpus import Corpus
 from tokstream.mixture import Mixture, exact_weight, mix
+from tokstream.shards.filemap import FileMap
+from tokstream.shards.source import Readable, ShardSource
 
 __all__ = ["split"]
 

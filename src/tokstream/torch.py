@@ -314,7 +314,7 @@ def data_loader(
         ``multiprocessing_context`` is ``"fork"`` (or a fork context) for a corpus in object
         storage with workers.
     """
-    from tokstream.remote._resident import reads_object_storage
+    from tokstream.shards.remote._resident import reads_object_storage
 
     if loader_class is None:
         loader_class = torch.utils.data.DataLoader

@@ -19,7 +19,7 @@ from tokstream.files import FORMAT_TABLE, FORMATS
 from tokstream.formats import arrow, llmc, megatron
 from tokstream.formats._common import PathLike, atomic_writer, output_path
 from tokstream.formats.writer import TokenFileWriter
-from tokstream.remote._resident import present
+from tokstream.shards.remote._resident import present
 
 
 def write_tokens(path: PathLike, ids: Any, format: str = "npy", dtype: Any = None) -> Path:

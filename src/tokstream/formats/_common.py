@@ -10,7 +10,8 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from tokstream import _filemap, _validate
+from tokstream import _validate
+from tokstream.shards import filemap
 
 PathLike = str | os.PathLike[str]
 
@@ -65,14 +66,14 @@ def read_header(path: Path, nbytes: int, what: str, where: str) -> bytes:
 def map_tokens(path: Path, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
     """A read-only map of ``count`` items at byte ``offset`` (the caller checked the size).
 
-    The map keeps no file descriptor open (:mod:`tokstream._filemap`).
+    The map keeps no file descriptor open (:mod:`tokstream.shards.filemap`).
     """
     if count == 0:
         # mmap cannot map zero bytes; an empty shard needs no mapping anyway.
         empty = np.empty(0, dtype=dtype)
         empty.flags.writeable = False
         return empty
-    return _filemap.map_tokens(os.fspath(path), offset, dtype, count)
+    return filemap.map_tokens(os.fspath(path), offset, dtype, count)
 
 
 def existing_file(given: Any) -> Path:

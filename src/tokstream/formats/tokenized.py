@@ -24,7 +24,7 @@ import numpy as np
 from tokstream.formats import llmc, megatron, npy, raw
 from tokstream.formats._common import Shard, atomic_writer, check_kind, check_offsets
 
-# The record's dtype rule is the manifests' (remote/_open reads it from here).
+# The record's dtype rule is the manifests' (shards/remote/_open reads it from here).
 from tokstream.formats._common import manifest_dtype as manifest_dtype
 
 MANIFEST = "tokstream.json"

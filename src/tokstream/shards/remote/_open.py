@@ -23,14 +23,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tokstream._manifestshards import KIND as MANIFEST_KIND
 from tokstream._memory import available_memory
 from tokstream.formats import detect, llmc, megatron, npy, raw, tokenized
 from tokstream.formats._common import Shard, check_length, check_offsets
-from tokstream.remote._client import Client, RemoteNotFoundError, RemoteOptions
-from tokstream.remote._memory import ObjectBytes, tokens_array
-from tokstream.remote._session import Session
-from tokstream.remote._url import split_url
+from tokstream.shards.manifest import KIND as MANIFEST_KIND
+from tokstream.shards.remote._client import Client, RemoteNotFoundError, RemoteOptions
+from tokstream.shards.remote._memory import ObjectBytes, tokens_array
+from tokstream.shards.remote._session import Session
+from tokstream.shards.remote._url import split_url
 
 #: Bytes of each file read at open: enough for every header tokstream reads (a .npy header of
 #: a 1-D array is 128 bytes; llm.c's 1024).
@@ -333,6 +333,7 @@ def options(remote: Any) -> RemoteOptions:
         return RemoteOptions()
     if not isinstance(remote, RemoteOptions):
         raise TypeError(
-            f"remote must be a tokstream.remote.RemoteOptions or None, got {type(remote).__name__}"
+            "remote must be a tokstream.shards.remote.RemoteOptions or None, got "
+            f"{type(remote).__name__}"
         )
     return remote

@@ -5,9 +5,10 @@ window space) to the remote objects whose maps hold them and asks each object's 
 those byte ranges: :meth:`Residency.fetch_windows` returns at once (look-ahead, driven by the
 stream's :class:`~tokstream._readahead.ReadAhead` through :meth:`Residency.advisor`), while
 :meth:`Residency.ensure_windows` returns only when every byte the kernel call will read is in
-memory, and raises :class:`~tokstream.remote.RemoteReadError` otherwise, before the kernel runs,
-so a batch is whole or not made at all. It returns a :class:`~tokstream.remote._cache.Pin`: the
-kernel call runs inside ``with pin:``, so none of those bytes is evicted before it returns.
+memory, and raises :class:`~tokstream.shards.remote.RemoteReadError` otherwise, before the
+kernel runs, so a batch is whole or not made at all. It returns a
+:class:`~tokstream.shards.remote._cache.Pin`: the kernel call runs inside ``with pin:``, so none
+of those bytes is evicted before it returns.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tokstream.remote._cache import Pin
-from tokstream.remote._memory import ObjectBytes, remote_tokens_of
+from tokstream.shards.remote._cache import Pin
+from tokstream.shards.remote._memory import ObjectBytes, remote_tokens_of
 
 if TYPE_CHECKING:  # the sessions (asyncio, the client) load with the first remote corpus
-    from tokstream.remote._session import Request, Session
+    from tokstream.shards.remote._session import Request, Session
 
 Futures = Sequence[concurrent.futures.Future[None]]
 

@@ -6,9 +6,9 @@ first bytes gives its header, size and ETag, checked against its entry as a loca
 (size, header, documents: a Megatron index, or a ``tokstream tokenize`` shard's
 ``.documents.npy``, is read then); the manifest's documents sidecar is read when a stream first
 needs documents. The tokens are fetched the way every remote corpus fetches them
-(:mod:`tokstream.remote._session`): :meth:`RemoteManifestShards.readable`, the hook run before
-every kernel call, returns only once the call's byte ranges are in memory, pinned until its
-:class:`~tokstream._shardsource.Readable` is released after the call.
+(:mod:`tokstream.shards.remote._session`): :meth:`RemoteManifestShards.readable`, the hook run
+before every kernel call, returns only once the call's byte ranges are in memory, pinned until its
+:class:`~tokstream.shards.source.Readable` is released after the call.
 """
 
 from __future__ import annotations
@@ -24,22 +24,22 @@ from typing import Any
 
 import numpy as np
 
-from tokstream._manifestshards import ManifestShards
-from tokstream._shardsource import DEFAULT_CAPACITY, Readable
 from tokstream.formats import megatron, tokenized
 from tokstream.formats._common import Shard, check_offsets
-from tokstream.remote._cache import Pin
-from tokstream.remote._memory import ObjectBytes, remote_tokens_of
-from tokstream.remote._open import (
+from tokstream.shards.manifest import ManifestShards
+from tokstream.shards.remote._cache import Pin
+from tokstream.shards.remote._memory import ObjectBytes, remote_tokens_of
+from tokstream.shards.remote._open import (
     HEAD_BYTES,
     header_tokens,
     open_megatron,
     read_whole,
     remote_tokens,
 )
-from tokstream.remote._resident import AHEAD_PER_GET
-from tokstream.remote._session import Session
-from tokstream.remote._url import split_url
+from tokstream.shards.remote._resident import AHEAD_PER_GET
+from tokstream.shards.remote._session import Session
+from tokstream.shards.remote._url import split_url
+from tokstream.shards.source import DEFAULT_CAPACITY, Readable
 
 #: The formats a manifest in object storage may list (Arrow files are not read remotely).
 FORMATS = ("npy", "bin", "llmc", "megatron")

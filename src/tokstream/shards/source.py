@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tokstream._arrays import frozen, frozen_state
-from tokstream._filemap import FileMap
+from tokstream.shards.filemap import FileMap
 
 #: Shard maps a :class:`MappedShards` keeps open by default (a batch in flight whose windows
 #: lie in more shards keeps them all until it is copied).

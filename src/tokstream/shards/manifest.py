@@ -1,7 +1,7 @@
 """The shards a manifest lists (:mod:`tokstream.manifest`), mapped from their files on first read.
 
 :class:`ManifestShards` checks a manifest's table when it is made (nothing but the parsed JSON
-is read) and is the :class:`~tokstream._shardsource.MappedShards` of the corpus
+is read) and is the :class:`~tokstream.shards.source.MappedShards` of the corpus
 :func:`tokstream.manifest.open_manifest` returns: a shard's file is mapped with its format's
 reader when a batch first reads it, and checked against its entry then (size, header, documents).
 """
@@ -16,10 +16,10 @@ import numpy as np
 
 from tokstream import _validate
 from tokstream._arrays import frozen
-from tokstream._filemap import file_map_of
-from tokstream._shardsource import DEFAULT_CAPACITY, MappedShards
 from tokstream._windowing import cumulative
 from tokstream.formats._common import Shard, check_kind, check_offsets, manifest_dtype
+from tokstream.shards.filemap import file_map_of
+from tokstream.shards.source import DEFAULT_CAPACITY, MappedShards
 
 KIND = "tokstream manifest"
 VERSION = 1

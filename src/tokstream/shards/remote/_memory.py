@@ -7,9 +7,9 @@ sparse file of the object's size mapped shared, which the OS pages out to disk a
 finds filled. Bytes are written in once a range GET brings them (an object is immutable for
 as long as it is read; its size and ETag are checked at open) and change only when the cache
 evicts their extent, after which they read as zeros until fetched again
-(:mod:`tokstream.remote._cache`); the map is never unmapped while any array over it lives (the
-arrays' base keeps it). A kernel call reads only windows whose bytes were pinned and made
-present first (:mod:`tokstream.remote._session`).
+(:mod:`tokstream.shards.remote._cache`); the map is never unmapped while any array over it
+lives (the arrays' base keeps it). A kernel call reads only windows whose bytes were pinned and made
+present first (:mod:`tokstream.shards.remote._session`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tokstream.remote._cache import EXTENT
+from tokstream.shards.remote._cache import EXTENT
 
 if TYPE_CHECKING:
-    from tokstream.remote._session import Session
+    from tokstream.shards.remote._session import Session
 
 #: When the cache keeps bytes, presence is recorded per granule of this many bytes (one byte
 #: each), and fetched ranges are widened to whole granules.
@@ -37,8 +37,9 @@ class ObjectBytes:
 
     Which of them hold the object's bytes: when the session's cache keeps bytes, one mark per
     granule (in a file beside the cache file, or per resident extent in memory); otherwise a
-    range is present only while its fetch is pending (:mod:`tokstream.remote._session`). Pages
-    are handed back by :meth:`evict`, extent by extent (:mod:`tokstream.remote._cache`).
+    range is present only while its fetch is pending (:mod:`tokstream.shards.remote._session`).
+    Pages are handed back by :meth:`evict`, extent by extent
+    (:mod:`tokstream.shards.remote._cache`).
     Picklable as where the object is: a spawned worker maps an empty (or its cached) copy of
     its own and fetches what its windows need.
     """

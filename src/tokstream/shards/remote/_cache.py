@@ -1,6 +1,6 @@
 """How many fetched bytes a remote corpus keeps, and which go first: a bounded LRU of extents.
 
-Each remote object's map (:mod:`tokstream.remote._memory`) is cut into extents of
+Each remote object's map (:mod:`tokstream.shards.remote._memory`) is cut into extents of
 :data:`EXTENT` bytes. The cache counts the pages of each extent that bytes were written into
 (a page is memory, or disk with a cache directory, from its first byte written until evicted)
 and, once they pass the budget, evicts whole extents, least recently used first: their pages go
@@ -10,7 +10,7 @@ again. The map itself stays: an evicted page reads as zeros, it never faults.
 
 Pins make eviction safe for kernels that read raw addresses. A range is pinned before its
 presence is checked and stays pinned until the kernel call reading it has returned
-(:meth:`Session.ensure <tokstream.remote._session.Session.ensure>` returns the pin, the batch
+(:meth:`Session.ensure <tokstream.shards.remote._session.Session.ensure>` returns the pin, the batch
 releases it after the call), and a range fetched ahead stays pinned until the batch that reads
 it takes it over. A pinned extent is never evicted, so a kernel never reads an evicted byte;
 a batch larger than the budget keeps its extents until it is copied.
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tokstream.remote._client import RemoteOptions
-    from tokstream.remote._memory import ObjectBytes
+    from tokstream.shards.remote._client import RemoteOptions
+    from tokstream.shards.remote._memory import ObjectBytes
 
 PAGE = mmap.PAGESIZE
 #: Bytes of an extent: the unit of eviction (its pages are counted one by one).

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tokstream.remote._url import is_url
+from tokstream.shards.remote._url import is_url
 
 if TYPE_CHECKING:
-    from tokstream.remote._client import RemoteNotFoundError, RemoteOptions, RemoteReadError
+    from tokstream.shards.remote._client import RemoteNotFoundError, RemoteOptions, RemoteReadError
 
 __all__ = ["RemoteNotFoundError", "RemoteOptions", "RemoteReadError", "is_url"]
 
@@ -28,7 +28,7 @@ def __getattr__(name: str) -> Any:
     # for the few lines that tell a remote array from a local one, and every rank and
     # DataLoader worker reading local files would pay tens of milliseconds for it.
     if name in {"RemoteNotFoundError", "RemoteOptions", "RemoteReadError"}:
-        from tokstream.remote import _client
+        from tokstream.shards.remote import _client
 
         return getattr(_client, name)
-    raise AttributeError(f"module 'tokstream.remote' has no attribute {name!r}")
+    raise AttributeError(f"module 'tokstream.shards.remote' has no attribute {name!r}")

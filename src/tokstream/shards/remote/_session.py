@@ -7,8 +7,8 @@ copy (:meth:`Session.ensure`, which returns only when every one of those bytes i
 raises). Ranges of one object that overlap or touch are fetched as one GET; at most
 ``options.max_in_flight`` GETs are in flight in the process. A range fetched ahead is not fetched
 again: :meth:`ensure` waits for the fetch already under way. Every range is pinned in the
-session's :class:`~tokstream.remote._cache.Cache` from the moment it is scheduled until the batch
-that reads it is copied, so nothing it needs is evicted; when the cache keeps bytes, the
+session's :class:`~tokstream.shards.remote._cache.Cache` from the moment it is scheduled until the
+batch that reads it is copied, so nothing it needs is evicted; when the cache keeps bytes, the
 objects' granule marks say what is present, otherwise a range is present only while its fetch is
 pending (until its batch consumes it).
 """
@@ -22,10 +22,10 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tokstream.remote._cache import Cache, Pin
-from tokstream.remote._client import Client, RemoteOptions
-from tokstream.remote._loop import Loop
-from tokstream.remote._memory import GRANULE, ObjectBytes
+from tokstream.shards.remote._cache import Cache, Pin
+from tokstream.shards.remote._client import Client, RemoteOptions
+from tokstream.shards.remote._loop import Loop
+from tokstream.shards.remote._memory import GRANULE, ObjectBytes
 
 #: A requested range: (object, first byte, end byte).
 Request = tuple[ObjectBytes, int, int]
@@ -121,8 +121,8 @@ class Session:
         """Return once the bytes of every range are in memory, with the pin that keeps them
         there: release it once the kernel call reading them has returned.
 
-        Raises :class:`~tokstream.remote._client.RemoteReadError` (naming the object and range)
-        when a fetch failed past its deadline; nothing is then reported present, so a later
+        Raises :class:`~tokstream.shards.remote._client.RemoteReadError` (naming the object and
+        range) when a fetch failed past its deadline; nothing is then reported present, so a later
         call fetches again.
         """
         # Pinned before presence is looked at: nothing found present is evicted after.

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from tokstream._arrays import frozen
-from tokstream._filemap import FileMap
-from tokstream._shardsource import Readable, ShardSource
 from tokstream._windowing import cumulative
 from tokstream.corpus import Corpus
+from tokstream.shards.filemap import FileMap
+from tokstream.shards.source import Readable, ShardSource
 
 
 class JoinedShards(ShardSource):
