@@ -1,4 +1,4 @@
-"""Build the compiled kernels (src/tokstream/_kernels/).
+"""Build the compiled kernels (src/tokstream/_windows.pyx and src/tokstream/_kernels/).
 
 ``TOKSTREAM_DEBUG=1`` at build time turns bounds, wraparound and initialisation checks on in the
 kernel (CI runs the parity suite against that build too); the release build relies on the
@@ -31,13 +31,14 @@ extensions = [
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O3", "-g0"],
         define_macros=[("TOKSTREAM_DEBUG", "1" if DEBUG else "0")],
     )
-    # The kernels (src/tokstream/_kernels/): the window gather, the document gather, one
-    # corpus's implicit order, the mixture's order, read-ahead advice for memory-mapped corpora,
-    # packed rows (best fit; the rows' copy), the repetition filter.
+    # The window kernel (the loop that fills a batch's windows); the other kernels
+    # (src/tokstream/_kernels/): the document gather, one corpus's implicit order, the mixture's
+    # order, read-ahead advice for memory-mapped corpora, packed rows (best fit; the rows' copy),
+    # the repetition filter.
     # Then the plain C loop that benchmarks hold the kernels to and the device's random-read
     # rate that the cold-cache benchmark holds read-ahead to.
     for name in (
-        "_kernels.gather",
+        "_windows",
         "_kernels.documents",
         "_kernels.order",
         "_kernels.mixture",
@@ -50,7 +51,8 @@ extensions = [
     )
 ]
 
-# include_path: the kernels cimport their shared pieces (src/tokstream/_kernels/*.pxd);
+# include_path: the kernels cimport their shared pieces (src/tokstream/_kernels/*.pxd, as
+# tokstream._kernels.NAME, from _windows.pyx too);
 # nthreads and build_ext's parallel: the modules are translated to C, then compiled, one process
 # a core (a pip install from source on 2 cores: 95 s serially, 47 s so).
 setup(

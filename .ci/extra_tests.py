@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 #: What the README's venv lacks: the packages, the S3 server's fixtures and helper, and the
-#: check of tokstream.baselines for PyTorch.
+#: check of tokstream.bench.baselines for PyTorch.
 EXTRAS = {
     "torch", "torchdata", "datasets", "obstore", "moto", "tiktoken",
     "s3_server", "s3_bucket", "proxied_bucket", "s3_env", "fault_proxy", "require_remote",

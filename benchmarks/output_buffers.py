@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from tokstream import bench
-from tokstream._kernels.gather import gather_windows
+from tokstream._windows import gather_windows
 
 SHAPES = [(128, 512), (1024, 64), (2048, 16)]
 DISCIPLINES = ["1 buffer", "2 cycled", "3 cycled", "fresh"]

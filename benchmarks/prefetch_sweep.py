@@ -17,8 +17,8 @@ import time
 import numpy as np
 
 from tokstream import bench
-from tokstream._kernels.gather import gather_windows
 from tokstream._space import cache_ahead
+from tokstream._windows import gather_windows
 from tokstream.bench._loop import copy_windows
 from tokstream.bench.baselines import C_LOOP_DISTANCES
 

@@ -102,7 +102,7 @@ def stress(full: int) -> int:
     """A long stress test's size: ``full`` against a release build, a quarter of it against the
     bounds-checked debug build (``TOKSTREAM_DEBUG=1``), whose CI pass is there to run every
     kernel path with its checks on; the release passes run the whole length."""
-    from tokstream._kernels import DEBUG_BUILD
+    from tokstream._windows import DEBUG_BUILD
 
     return max(1, full // 4) if DEBUG_BUILD else full
 

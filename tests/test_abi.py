@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import KERNEL_DTYPES
 from tokstream import reference, stream_token_source
-from tokstream._kernels.gather import gather_windows
+from tokstream._windows import gather_windows
 
 TOKENS = (np.arange(5000, dtype=np.uint64) * 2654435761 % 50257).astype(np.uint16)
 

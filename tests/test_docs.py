@@ -16,26 +16,12 @@ import numpy as np
 import pytest
 
 import tokstream
-from tokstream._kernels import (
-    advice,
-    documents,
-    gather,
-    mixture,
-    order,
-    pack,
-    packed_copy,
-    repetition,
-)
+from tokstream import _windows
+from tokstream._kernels import advice, documents, mixture, order, pack, packed_copy, repetition
 from tokstream.bench import _device, _loop
 
-# Modules whose import has a side effect (the command line runs; a deprecated alias warns, which
-# tests/test_deprecated.py checks) or needs an optional extra.
-_NOT_IMPORTED = {
-    "tokstream.__main__",
-    "tokstream.baselines",
-    "tokstream.prefetch",
-    "tokstream.readahead",
-}
+# Modules whose import has a side effect (the command line runs).
+_NOT_IMPORTED = {"tokstream.__main__"}
 _OPTIONAL = {"torch", "matplotlib"}
 
 
@@ -107,7 +93,7 @@ def test_help_shows_the_real_signature_of_the_stream() -> None:
 
 
 COMPILED = {
-    "_kernels.gather": gather,
+    "_windows": _windows,
     "_kernels.documents": documents,
     "_kernels.order": order,
     "_kernels.mixture": mixture,
@@ -123,8 +109,8 @@ COMPILED = {
 @pytest.mark.parametrize(
     ("module", "name", "first_parameters"),
     [
-        ("_kernels.gather", "gather_windows", "tokens, starts, input_ids"),
-        ("_kernels.gather", "lookup_windows", "windows_index, offsets"),
+        ("_windows", "gather_windows", "tokens, starts, input_ids"),
+        ("_windows", "lookup_windows", "windows_index, offsets"),
         ("_kernels.order", "permuted_positions", "out, first, stride"),
         ("_kernels.order", "round_keys", "keys, seed, epoch"),
         ("_kernels.mixture", "schedule_samples", "nodes, root, first"),

@@ -24,9 +24,9 @@ from tests.oracle_documents import (
     materialized_orders,
 )
 from tokstream import Corpus, mix, open_tokens, reference, stream_token_source
-from tokstream._kernels import DEBUG_BUILD
 from tokstream._kernels.documents import document_pieces, gather_documents
 from tokstream._space import WindowSpace, document_buckets
+from tokstream._windows import DEBUG_BUILD
 
 
 def test_from_documents_joins_the_documents_and_records_their_boundaries():

@@ -8,18 +8,55 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.conftest import KERNEL_DTYPES
-from tokstream._kernels import DEBUG_BUILD, gather
+from tokstream import Corpus, _windows, stream_token_source
 from tokstream._space import CACHE_AHEAD_BYTES, CACHE_AHEAD_MAX_WINDOWS, cache_ahead, rows_ahead
+from tokstream._windows import DEBUG_BUILD
 
 
 def test_loaded_kernel_is_the_compiled_extension():
-    assert gather.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
-    assert isinstance(gather.__loader__, importlib.machinery.ExtensionFileLoader)
+    assert _windows.__name__ == "tokstream._windows"
+    assert _windows.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+    assert isinstance(_windows.__loader__, importlib.machinery.ExtensionFileLoader)
+
+
+class _Recorded:
+    """A fused kernel whose specialisations count their calls before running the real ones."""
+
+    def __init__(self, kernel: Any, calls: list[str]) -> None:
+        def recorded(name: str, specialised: Any) -> Any:
+            def call(*args: Any) -> Any:
+                calls.append(name)
+                return specialised(*args)
+
+            return call
+
+        self.__signatures__ = {
+            key: recorded(kernel.__name__, specialised)
+            for key, specialised in kernel.__signatures__.items()
+        }
+
+
+@pytest.mark.parametrize(
+    ("shards", "kernel"), [(1, "gather_windows"), (3, "gather_at")], ids=["one shard", "shards"]
+)
+def test_the_window_kernel_fills_every_batch(monkeypatch, shards, kernel):
+    corpus = Corpus(np.array_split(np.arange(600, dtype=np.uint16), shards))
+    expected = [tuple(map(np.copy, batch)) for batch in stream_token_source(corpus, 8, 4, seed=1)]
+    calls: list[str] = []
+    for name in ("gather_windows", "gather_at"):
+        monkeypatch.setattr(_windows, name, _Recorded(getattr(_windows, name), calls))
+    for (windows, next_tokens), (want_windows, want_next) in zip(
+        stream_token_source(corpus, 8, 4, seed=1), expected, strict=True
+    ):
+        np.testing.assert_array_equal(windows, want_windows)
+        np.testing.assert_array_equal(next_tokens, want_next)
+    assert calls == [kernel] * len(expected)
 
 
 def test_build_kind_is_the_one_ci_asked_for():
@@ -29,7 +66,7 @@ def test_build_kind_is_the_one_ci_asked_for():
 
 def test_missing_extension_is_a_clear_import_error_not_a_slow_path():
     code = (
-        "import sys; sys.modules['tokstream._kernels.gather'] = None\n"
+        "import sys; sys.modules['tokstream._windows'] = None\n"
         "try:\n    import tokstream\n"
         "except ImportError as e:\n    print('IMPORTERROR', e)\n"
     )
@@ -43,11 +80,11 @@ def test_kernel_gathers_windows_next_tokens_and_shifted_targets(dtype):
     starts = np.array([5, 0, 30, 7], dtype=np.int64)
     windows = np.empty((4, 6), np.int64)
     next_tokens = np.empty(4, np.int64)
-    gather.gather_windows(tokens, starts, windows, next_tokens)
+    _windows.gather_windows(tokens, starts, windows, next_tokens)
     assert windows.tolist() == [list(range(s, s + 6)) for s in starts]
     assert next_tokens.tolist() == [s + 6 for s in starts]
     targets = np.empty((4, 6), np.int64)
-    gather.gather_windows(tokens, starts, windows, None, targets)
+    _windows.gather_windows(tokens, starts, windows, None, targets)
     assert targets.tolist() == [list(range(s + 1, s + 7)) for s in starts]
 
 
@@ -56,7 +93,7 @@ def test_kernel_reads_strided_starts():
     starts = np.arange(0, 80, 10, dtype=np.int64)[::2]  # 0, 20, 40, 60 (strided view)
     windows = np.empty((4, 3), np.int64)
     next_tokens = np.empty(4, np.int64)
-    gather.gather_windows(tokens, starts, windows, next_tokens)
+    _windows.gather_windows(tokens, starts, windows, next_tokens)
     assert windows[:, 0].tolist() == [0, 20, 40, 60]
     assert next_tokens.tolist() == [3, 23, 43, 63]
 
@@ -66,7 +103,7 @@ def test_kernel_accepts_read_only_corpora():
     tokens.flags.writeable = False
     windows = np.empty((1, 4), np.int64)
     next_tokens = np.empty(1, np.int64)
-    gather.gather_windows(tokens, np.array([10], np.int64), windows, next_tokens)
+    _windows.gather_windows(tokens, np.array([10], np.int64), windows, next_tokens)
     assert windows.tolist() == [[10, 11, 12, 13]] and next_tokens.tolist() == [14]
 
 
@@ -75,7 +112,7 @@ def test_debug_build_catches_an_out_of_range_window():
     tokens = np.arange(10, dtype=np.int64)
     windows = np.empty((1, 4), np.int64)
     with pytest.raises(IndexError):
-        gather.gather_windows(tokens, np.array([7], np.int64), windows, np.empty(1, np.int64))
+        _windows.gather_windows(tokens, np.array([7], np.int64), windows, np.empty(1, np.int64))
 
 
 def segment_arguments(shards, block, stride, shift=0):
@@ -100,7 +137,7 @@ def looked_up(shards, index, block, stride, shift, probes):
         shards, block, stride, shift
     )
     starts, found = np.empty(len(index), np.int64), np.empty(len(index), np.uint64)
-    gather.lookup_windows(
+    _windows.lookup_windows(
         index, offsets, firsts, addresses, lengths, buckets, shift, probes, stride,
         shards[0].itemsize, block, starts, found,
     )  # fmt: skip
@@ -134,11 +171,11 @@ def test_looked_up_windows_are_gathered_each_from_its_own_segment(
     assert starts.tolist() == [expected_starts[w] for w in index]
     windows, targets = np.empty((40, block), np.int64), np.empty((40, block), np.int64)
     next_tokens = np.empty(40, np.int64)
-    gather.gather_at(shards[0], addresses, windows, next_tokens, None, cache_ahead)
+    _windows.gather_at(shards[0], addresses, windows, next_tokens, None, cache_ahead)
     expected = np.stack([expected_rows[w] for w in index])
     np.testing.assert_array_equal(windows, expected[:, :-1])
     np.testing.assert_array_equal(next_tokens, expected[:, -1])
-    gather.gather_at(shards[0], addresses, windows, None, targets, cache_ahead)
+    _windows.gather_at(shards[0], addresses, windows, None, targets, cache_ahead)
     np.testing.assert_array_equal(targets, expected[:, 1:])
 
 
@@ -152,18 +189,18 @@ def test_the_lookup_reads_a_strided_index_and_an_empty_one():
     starts, found = looked_up(shards, strided, 6, 1, 2, 2)
     assert starts.tolist() == (firsts[shard] + strided - offsets[shard]).tolist()
     windows, next_tokens = np.empty((len(strided), 6), np.int64), np.empty(len(strided), np.int64)
-    gather.gather_at(shards[0], found, windows, next_tokens)
+    _windows.gather_at(shards[0], found, windows, next_tokens)
     assert (
         windows[:, 0].tolist()
         == (np.array([0, 100, 200])[shard] + strided - offsets[shard]).tolist()
     )
     starts_only = np.empty(len(strided), np.int64)
     described = (offsets, firsts, addresses, lengths, buckets, 2, 2, 1, 8, 6)
-    gather.lookup_windows(strided, *described, starts_only)
+    _windows.lookup_windows(strided, *described, starts_only)
     assert starts_only.tolist() == starts.tolist()
     empty = np.empty(0, np.int64)
-    gather.lookup_windows(empty, *described, empty, np.empty(0, np.uint64))
-    gather.gather_at(shards[0], np.empty(0, np.uint64), np.empty((0, 6), np.int64), empty)
+    _windows.lookup_windows(empty, *described, empty, np.empty(0, np.uint64))
+    _windows.gather_at(shards[0], np.empty(0, np.uint64), np.empty((0, 6), np.int64), empty)
 
 
 @pytest.mark.skipif(not DEBUG_BUILD, reason="release builds run without bounds checks")
@@ -171,7 +208,7 @@ def test_debug_build_catches_a_window_past_its_segment():
     shards = [np.arange(10), np.arange(10)]
     _, offsets, firsts, addresses, lengths, buckets = segment_arguments(shards, 4, 1)
     with pytest.raises(IndexError, match="inside its segment"):
-        gather.lookup_windows(
+        _windows.lookup_windows(
             np.array([5], np.int64),
             offsets,
             firsts,
@@ -194,7 +231,7 @@ def test_the_cache_ahead_distance_never_changes_the_windows(dtype, ahead):
     starts = np.random.default_rng(1).integers(0, 500 - 17, 50)
     windows = np.empty((50, 16), np.int64)
     next_tokens = np.empty(50, np.int64)
-    gather.gather_windows(tokens, starts, windows, next_tokens, None, ahead)
+    _windows.gather_windows(tokens, starts, windows, next_tokens, None, ahead)
     want = np.stack([tokens[s : s + 16] for s in starts]).astype(np.int64)
     np.testing.assert_array_equal(windows, want)
     np.testing.assert_array_equal(next_tokens, tokens[starts + 16])
@@ -352,7 +389,7 @@ def test_kernel_maps_window_indices_to_first_tokens_by_stride_and_offset(
     targets, next_tokens = (
         (np.empty((5, block), np.int64), None) if shifted else (None, np.empty(5, np.int64))
     )
-    gather.gather_windows(tokens, indices, windows, next_tokens, targets, 2, stride, offset)
+    _windows.gather_windows(tokens, indices, windows, next_tokens, targets, 2, stride, offset)
     np.testing.assert_array_equal(windows, expected[:, :-1])
     if shifted:
         np.testing.assert_array_equal(targets, expected[:, 1:])

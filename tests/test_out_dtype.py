@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokstream import Corpus, TokenStream, mix, stream_token_source
-from tokstream._kernels.gather import DEBUG_BUILD
+from tokstream._windows import DEBUG_BUILD
 
 #: The batch entries written in out_dtype; every other entry keeps its own dtype.
 OUT_ENTRIES = ("input_ids", "labels", "position_ids")

@@ -8,10 +8,10 @@ kernel instead of one ``np.stack`` per batch.
 from typing import Any
 
 try:
-    from tokstream import _kernels
+    from tokstream import _windows
 except ImportError as exc:  # pragma: no cover - exercised only by a broken install
     raise ImportError(
-        "tokstream's compiled kernels (tokstream._kernels) could not be imported. tokstream has "
+        "tokstream's compiled kernel (tokstream._windows) could not be imported. tokstream has "
         "no pure-Python fallback: install a wheel, or build from source with a C compiler "
         "(`pip install .`). Original error: " + str(exc)
     ) from exc
@@ -35,7 +35,7 @@ __all__ = [
     "write_tokens",
 ]
 
-del _kernels
+del _windows
 
 
 def __getattr__(name: str) -> Any:

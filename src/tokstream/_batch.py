@@ -28,8 +28,8 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from tokstream import _windows
 from tokstream._kernels.documents import document_pieces, gather_documents
-from tokstream._kernels.gather import gather_at, gather_windows
 from tokstream._kernels.packed_copy import fill_packed
 from tokstream._options import StreamOptions
 from tokstream._packed import PackedMixtureSpace, PackedSpace
@@ -148,8 +148,8 @@ class WindowFill:
         self._block = space.block
         dtype = space.corpus.dtype
         key = kernel_key(dtype, options)
-        self._gather_windows = gather_windows.__signatures__[key]
-        self._gather_at = gather_at.__signatures__[key]
+        self._gather_windows = _windows.gather_windows.__signatures__[key]
+        self._gather_at = _windows.gather_at.__signatures__[key]
         self._gather_documents = gather_documents.__signatures__[key]
         # Selects the kernels' specialisation only; the windows are read from their addresses.
         self._anchor = np.empty(0, dtype)

@@ -72,7 +72,6 @@ class WindowOrder:
         self._rank, self._shuffle, self._global_batch = options.rank, options.shuffle, global_batch
         if self.draws_orders:
             check_order_fits(num_windows)
-            warn_if_slow_draw(num_windows)
         self._implicit_domain = implicit_domain(max(num_windows, 1))
         self._implicit_keys: tuple[int, np.ndarray | None] = (-1, None)
         # (epoch, its order, the generator's state after drawing it) for the drawn epoch.
@@ -218,6 +217,7 @@ SLOW_DRAW_WINDOWS = 1 << 22
 def warn_if_slow_draw(num_windows: int) -> None:
     """Warn, before anything is drawn, when a materialized order would take seconds to draw.
 
+    Called when a stream's order is materialized by default, never when it was asked for.
     Decided from the window count alone (never timed). The message names
     ``permutation="implicit"``, which needs no draw; Python's warning filter shows it once per
     place it is raised from, not once per stream or epoch.

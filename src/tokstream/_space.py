@@ -15,9 +15,9 @@ import numpy as np
 
 from tokstream._arrays import frozen
 from tokstream._kernels.advice import advise_at
-from tokstream._kernels.gather import lookup_windows
 from tokstream._options import StreamOptions
 from tokstream._windowing import capped_stride, cumulative, windows_per_segment
+from tokstream._windows import lookup_windows
 from tokstream.corpus import Corpus
 from tokstream.shards.source import Readable
 

@@ -21,6 +21,7 @@ import numpy as np
 from tokstream import _batch, _state, _validate
 from tokstream._batch import Batch
 from tokstream._options import StreamOptions, expose_options, stream_signature
+from tokstream._order import warn_if_slow_draw
 from tokstream._packed import PackedMixtureSpace, PackedSpace, packed_parts
 from tokstream._prefetch import Prefetcher
 from tokstream._readahead import read_ahead
@@ -399,7 +400,7 @@ def stream_source(
     else:
         source = corpus = Corpus.from_tokens(token_ids)
         mixture = False
-    return source, StreamOptions.create(
+    stream_options = StreamOptions.create(
         block,
         batch_size,
         mixture=mixture,
@@ -407,6 +408,15 @@ def stream_source(
         reference_input=not isinstance(token_ids, (Corpus, Mixture)),
         **options,
     )
+    if (
+        options.get("permutation") is None
+        and stream_options.shuffle
+        and stream_options.permutation == "materialized"
+    ):
+        # The drawn order chosen by default: the caller who did not ask for it is told when it
+        # takes seconds to draw (one who asked for it, as the benchmark does, knows).
+        warn_if_slow_draw(corpus.num_windows(stream_options.block))
+    return source, stream_options
 
 
 def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: Any) -> TokenStream:
@@ -443,8 +453,9 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         ``None`` (default): materialized for an array or sequence (what the reference takes)
         in the reference's windows (``stride=1``, ``windows="cross"``, no ``eos``), implicit
         otherwise (a :class:`~tokstream.Corpus`, e.g. from :func:`~tokstream.open_tokens`, or
-        a mixture). A materialized order of ``2**22`` windows or more warns when the stream is
-        made: it takes about a second or more to draw, every epoch.
+        a mixture). A materialized order of ``2**22`` windows or more that ``None`` chose warns
+        when the stream is made: it takes about a second or more to draw, every epoch (asked
+        for by name, it does not).
     prefetch
         Batches a background thread assembles ahead of the caller (0: none, the default).
     reuse_buffers

@@ -110,7 +110,7 @@ def advise_at(
     resident.
 
     ``addresses`` are the windows' first tokens as the gather finds them
-    (:func:`tokstream._kernels.gather.lookup_windows`), or the pieces' as the packed-row kernel
+    (:func:`tokstream._windows.lookup_windows`), or the pieces' as the packed-row kernel
     reads them, in any shards. First ``sample`` of them spread evenly are checked with
     ``mincore``: if the first page of each (and a range's last) is resident, the batch is
     taken to be in memory and

@@ -1,7 +1,7 @@
 """The document kernel: windows gathered with where documents start inside each.
 
 :func:`gather_documents` copies every window of a batch (from the addresses
-:func:`tokstream._kernels.gather.lookup_windows` found), then writes each row's position ids
+:func:`tokstream._windows.lookup_windows` found), then writes each row's position ids
 and loss mask, in one call; :func:`document_pieces` reads a batch's pieces back from its
 position ids. Nothing here validates or allocates; the Python side (``tokstream._space``)
 proves every index in range.
@@ -91,7 +91,7 @@ def gather_documents(
 ):
     """gather_documents(const token_t[::1] anchor, const uint64_t[::1] addresses, const int64_t[::1] starts, out_t[:, ::1] input_ids, out_t[::1] next_tokens, out_t[:, ::1] targets, Py_ssize_t cache_ahead, const int64_t[::1] document_starts, const int64_t[::1] document_buckets, int bucket_shift, int64_t eos, bint use_eos, out_t[:, ::1] position_ids, uint8_t[:, ::1] label_continues, int32_t[:, ::1] document_ids, int64_t[:, ::1] window_scratch) -> bool
 
-    :func:`tokstream._kernels.gather.gather_at` (row ``i`` from ``addresses[i]``, the address
+    :func:`tokstream._windows.gather_at` (row ``i`` from ``addresses[i]``, the address
     of token ``starts[i]`` of the shards laid end to end; ``next_tokens`` or ``targets``;
     ``cache_ahead`` windows prefetched ahead), then each row's position ids and whether each
     label belongs to the same document as the token it is predicted from. Two loops: the
@@ -118,7 +118,7 @@ def gather_documents(
     searches the copied row.
 
     The tokens and position ids are written in ``out_t`` (int64 or int32); returns False as
-    :func:`tokstream._kernels.gather.gather_windows` does when a token does not fit it.
+    :func:`tokstream._windows.gather_windows` does when a token does not fit it.
 
     The caller guarantees that each address is token ``starts[i]``'s, whose window's ``block +
     1`` tokens lie in a live token array (``lookup_windows`` checks it in the debug build);

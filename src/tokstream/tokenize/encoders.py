@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,13 @@ class Encoder:
 
     Only the spec crosses into worker processes; each loads the tokenizer once.
     """
+
+    # Set by the loader of the tokenizer's kind.
+    fingerprint: str
+    max_id: int
+    token_to_id: Callable[[str], int | None]
+    has_id: Callable[[int], bool]
+    _encode: Callable[[list[str]], list[list[int]]]
 
     def __init__(self, spec: str) -> None:
         self.spec = spec
@@ -99,9 +106,10 @@ class Encoder:
 
         def token_to_id(text: str) -> int | None:
             try:
-                return encoding.encode_single_token(text)
+                found: int = encoding.encode_single_token(text)
             except KeyError:
                 return None
+            return found
 
         self.token_to_id = token_to_id
         # One thread: encode_ordinary_batch would start 8 (a job's workers are its cores).

@@ -13,14 +13,15 @@ import json
 import os
 import zlib
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from tokstream import files
 from tokstream.formats import arrow
 
 
-def expand_inputs(inputs: Sequence[str | os.PathLike]) -> list[Path]:
+def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """Each input as a file, or a pattern's sorted matches, in the order given."""
     if isinstance(inputs, (str, os.PathLike)) or not inputs:
         raise TypeError("inputs must be a nonempty list of paths or patterns")
@@ -54,7 +55,8 @@ def splittable(path: Path, document_per_file: bool) -> bool:
 
 def parquet_rows(path: Path, text_field: str) -> int:
     """The rows of a Parquet input, its text column checked (its footer is all that is read)."""
-    return _parquet_file(path, text_field).metadata.num_rows
+    rows: int = _parquet_file(path, text_field).metadata.num_rows
+    return rows
 
 
 def read_span(
@@ -95,9 +97,7 @@ def _line_documents(
             line = f.readline()
             if not line:
                 return
-            text = _document(
-                line, path, kind, text_field, lambda at=position: _line_number(path, at)
-            )
+            text = _document(line, path, kind, text_field, partial(_line_number, path, position))
             position += len(line)
             if text:
                 yield text, min(position, end) - start
@@ -113,7 +113,7 @@ def _whole_file_documents(
     path: Path, kind: str, text_field: str, document_per_file: bool
 ) -> Iterator[tuple[str, int]]:
     with open(path, "rb") as raw:
-        f: IO[bytes] = gzip.GzipFile(fileobj=raw) if path.suffix.lower() == ".gz" else raw
+        f = gzip.GzipFile(fileobj=raw) if path.suffix.lower() == ".gz" else raw
         with f:
             if kind == "text" and document_per_file:
                 text = _decode(f.read(), path, 1)
@@ -121,7 +121,8 @@ def _whole_file_documents(
                     yield text, raw.tell()
                 return
             for number, line in enumerate(f, start=1):
-                text = _document(line, path, kind, text_field, lambda n=number: n)
+                # The line's number is known here: partial(int, number)() is number.
+                text = _document(line, path, kind, text_field, partial(int, number))
                 if text:
                     # The file's own position: for a .gz, the compressed bytes read so far.
                     yield text, raw.tell()
@@ -154,12 +155,12 @@ def _json_text(line: str, path: Path, number: Callable[[], int], field: str) -> 
         raise ValueError(f"input {path}, line {number()}: not JSON: {exc}") from None
     if not isinstance(record, dict) or field not in record:
         raise ValueError(f"input {path}, line {number()}: no {field!r} field (--text-field)")
-    if not isinstance(record[field], str):
+    text = record[field]
+    if not isinstance(text, str):
         raise ValueError(
-            f"input {path}, line {number()}: field {field!r} is "
-            f"{type(record[field]).__name__}, not text"
+            f"input {path}, line {number()}: field {field!r} is {type(text).__name__}, not text"
         )
-    return record[field]
+    return text
 
 
 def _parquet_file(path: Path, field: str) -> Any:

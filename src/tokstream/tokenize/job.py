@@ -154,7 +154,11 @@ def tokenize_files(
     claimed: list[Output] = []
     with contextlib.ExitStack() as stack:
         # Registered first, so released last: after the engine has stopped every task.
-        stack.callback(lambda: [out.release() for out in claimed])
+        @stack.callback
+        def release_claimed() -> None:
+            for out in claimed:
+                out.release()
+
         # The engine before the plan and the output: one that cannot start leaves the output
         # untouched, and the local engine's workers start up while the ranges are planned.
         runner = engines.start(stack, engine, encoder, workers, ray_address)

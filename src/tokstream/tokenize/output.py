@@ -26,9 +26,11 @@ finishes what a kill after its marking left undone: removes the record, writes t
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,14 +78,14 @@ class Lock:
 
 
 def _lock(fd: int) -> None:
-    try:
-        import fcntl
-    except ImportError:  # Windows
+    if sys.platform == "win32":
         import msvcrt
 
         msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-        return
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    else:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 class RunSuperseded(RuntimeError):
@@ -211,7 +213,7 @@ class Output:
         self.run = run
         self.complete = manifest.get("complete") is True
         self.finished: dict[int, dict[str, Any]] = {}
-        self._record = None
+        self._record: io.BufferedRandom | None = None
         if self.complete:
             if not all(_is_record(entry) for entry in manifest["shards"]):
                 raise ValueError(
@@ -257,7 +259,7 @@ class Output:
             lock.release()
             raise
 
-    def _open_record(self) -> Any:
+    def _open_record(self) -> io.BufferedRandom:
         """The record of shards made, read (a line cut by a kill dropped) and open to append."""
         f = open(self.directory / FINISHED, "a+b")
         f.seek(0)
@@ -277,6 +279,8 @@ class Output:
 
     def record(self, index: int, entry: dict[str, Any]) -> None:
         """Note shard ``index`` as made, with its manifest entry."""
+        if self._record is None:
+            raise RuntimeError(f"output {self.directory}: complete or released, nothing to record")
         self._record.write(json.dumps([index, entry]).encode("utf-8") + b"\n")
         self._record.flush()
         self.finished[index] = entry

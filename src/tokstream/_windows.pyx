@@ -1,4 +1,4 @@
-"""The window kernels: copy a batch's context windows (and the token after each, or each window
+"""The window kernel: copy a batch's context windows (and the token after each, or each window
 shifted by one token) out of token arrays into its buffers.
 
 Where the windows are is said one of two ways. :func:`gather_windows` takes start positions in

@@ -1,4 +1,4 @@
-"""Stubs for the compiled window kernel ``tokstream._kernels.gather`` (see ``gather.pyx``)."""
+"""Stubs for the compiled window kernel ``tokstream._windows`` (see ``_windows.pyx``)."""
 
 import numpy as np
 import numpy.typing as npt
