@@ -47,7 +47,7 @@ def fingerprint(corpus: Any, options: Any, space: Any) -> dict[str, Any]:
     """The fingerprint of a stream's global window sequence, as JSON-friendly values.
 
     ``space`` is the stream's window index space (:class:`~tokstream._space.WindowSpace`, or
-    :class:`~tokstream.packing.PackedSpace`): within documents or packed, where the documents
+    :class:`~tokstream._packed.PackedSpace`): within documents or packed, where the documents
     decide the samples, it is hashed, since the same shard lengths and settings over other
     document boundaries lay out other windows.
     """

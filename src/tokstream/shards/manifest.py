@@ -70,12 +70,15 @@ class ManifestShards(MappedShards):
         self._last_file: tuple[str, list[Shard]] | None = None
         self._documents_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._tokenize_directories: dict[Path, bool] = {}
+        #: The version of each shard's file when this process first opened it (kept when its
+        #: map is dropped; not pickled: a worker records the versions it opens).
+        self._versions: dict[int, Any] = {}
         super().__init__(capacity)
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled as its table: nothing read from the files (documents included) travels.
         state = super().__getstate__()
-        state.update(_last_file=None, _documents_cache=None, _tokenize_directories={})
+        state.update(_last_file=None, _documents_cache=None, _tokenize_directories={}, _versions={})
         return state
 
     @property
@@ -135,7 +138,9 @@ class ManifestShards(MappedShards):
 
         file = self.file(index)
         where = f"token file {file}"
-        size = file.stat().st_size
+        stat = file.stat()
+        size = stat.st_size
+        self._check_version(index, (size, stat.st_mtime_ns), where, "its size or modification time")
         if size != self._sizes[index]:
             raise ValueError(
                 f"{where}: {size} bytes, the manifest {self.path} says {int(self._sizes[index])}"
@@ -155,6 +160,24 @@ class ManifestShards(MappedShards):
         shard = shards[batch]
         mapped = file_map_of(shard.tokens)
         return self._checked(index, shard, None if mapped is None else mapped.offset, where)
+
+    def _check_version(
+        self,
+        index: int,
+        version: Any,
+        where: str,
+        what: str,
+        error: type[Exception] = ValueError,
+    ) -> None:
+        """Raise ``error`` when shard ``index`` is opened again (its map was dropped) and its
+        file is no longer the version first read (``what`` says what tells them apart): batches
+        before and after would hold tokens of two different files."""
+        first = self._versions.setdefault(index, version)
+        if first != version:
+            raise error(
+                f"{where}: changed after it was first read ({what} differ), so the tokens read "
+                f"before and after would be of two files; open the manifest {self.path} again"
+            )
 
     def _checked(self, index: int, shard: Shard, offset: int | None, where: str) -> np.ndarray:
         """Shard ``index``'s tokens, read-only, once they agree with its entry: dtype, count,

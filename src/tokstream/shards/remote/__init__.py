@@ -18,16 +18,27 @@ from typing import TYPE_CHECKING, Any
 from tokstream.shards.remote._url import is_url
 
 if TYPE_CHECKING:
-    from tokstream.shards.remote._client import RemoteNotFoundError, RemoteOptions, RemoteReadError
+    from tokstream.shards.remote._client import (
+        RemoteChangedError,
+        RemoteNotFoundError,
+        RemoteOptions,
+        RemoteReadError,
+    )
 
-__all__ = ["RemoteNotFoundError", "RemoteOptions", "RemoteReadError", "is_url"]
+__all__ = [
+    "RemoteChangedError",
+    "RemoteNotFoundError",
+    "RemoteOptions",
+    "RemoteReadError",
+    "is_url",
+]
 
 
 def __getattr__(name: str) -> Any:
     # The client (asyncio among its imports) loads on first use: the core imports this package
     # for the few lines that tell a remote array from a local one, and every rank and
     # DataLoader worker reading local files would pay tens of milliseconds for it.
-    if name in {"RemoteNotFoundError", "RemoteOptions", "RemoteReadError"}:
+    if name in {"RemoteChangedError", "RemoteNotFoundError", "RemoteOptions", "RemoteReadError"}:
         from tokstream.shards.remote import _client
 
         return getattr(_client, name)

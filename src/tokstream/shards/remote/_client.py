@@ -36,6 +36,11 @@ class RemoteNotFoundError(RemoteReadError, FileNotFoundError):
     """The object (or bucket) does not exist; ``.filename`` is its URL."""
 
 
+class RemoteChangedError(RemoteReadError):
+    """The object was replaced after it was opened (its ETag changed): its bytes are no longer
+    those of the version read so far, so none of them are read. Open it again to read it."""
+
+
 @dataclass(frozen=True)
 class RemoteOptions:
     """How a remote corpus is read: requests in flight, time limits, an optional local cache.
@@ -168,12 +173,14 @@ class Client:
         )
         return int(meta["size"]), meta.get("e_tag")
 
-    async def read(self, key: str) -> bytes:
-        """The whole object."""
+    async def read(self, key: str, etag: str | None = None) -> bytes:
+        """The whole object; with ``etag``, only that version of it (else
+        :class:`RemoteChangedError`)."""
         obstore = require()
 
         async def whole() -> bytes:
-            result = await obstore.get_async(self.store, key)
+            result = await obstore.get_async(self.store, key, options=_version(etag))
+            _check_version(result.meta, etag, None, self.url(key))
             return bytes(await result.bytes_async())
 
         return await retrying(whole, f"{self.url(key)} (the whole object)", self.options)
@@ -187,7 +194,7 @@ class Client:
             try:
                 result = await obstore.get_async(self.store, key, options={"range": (0, nbytes)})
             except Exception as error:  # noqa: BLE001 - an empty object has no byte 0
-                if _not_found(error) or _permanent(error):
+                if _not_found(error) or (_permanent(error) and _status(error) != 416):
                     raise
                 meta = await obstore.head_async(self.store, key)
                 if int(meta["size"]) != 0:
@@ -213,13 +220,21 @@ class Client:
 
         return await retrying(listing, f"{self.url(prefix)}* (a listing)", self.options)
 
-    async def read_range(self, key: str, start: int, end: int) -> bytes | memoryview:
-        """Bytes ``[start, end)``, retried until the deadline; a short answer is retried too."""
+    async def read_range(
+        self, key: str, start: int, end: int, etag: str | None = None, size: int | None = None
+    ) -> bytes | memoryview:
+        """Bytes ``[start, end)`` of the version of the object whose ETag is ``etag`` and
+        whose size is ``size`` (either None: not checked), retried until the deadline; a short
+        answer is retried too, another version is a :class:`RemoteChangedError` at once."""
         obstore = require()
         what = f"{self.url(key)} bytes [{start}, {end})"
+        options = _version(etag)
+        options["range"] = (start, end)
 
         async def attempt() -> memoryview:
-            data = memoryview(await obstore.get_range_async(self.store, key, start=start, end=end))
+            result = await obstore.get_async(self.store, key, options=options)
+            _check_version(result.meta, etag, size, self.url(key))
+            data = memoryview(await result.bytes_async())
             if data.nbytes != end - start:
                 raise _Truncated(f"{data.nbytes} bytes came of the {end - start} asked")
             return data
@@ -227,32 +242,84 @@ class Client:
         return await retrying(attempt, what, self.options)
 
 
+def _version(etag: str | None) -> dict[str, Any]:
+    """A GET's options that make it conditional on the version ``etag`` (``If-Match``)."""
+    return {} if etag is None else {"if_match": etag}
+
+
+def _check_version(meta: Any, etag: str | None, size: int | None, url: str) -> None:
+    """Raise :class:`RemoteChangedError` when a response is of another version than the one
+    opened: the store answers ``If-Match`` with 412, and a store that ignores it is caught by
+    the ETag and size of the answer itself."""
+    found_etag, found_size = meta.get("e_tag"), int(meta["size"])
+    if (etag is not None and found_etag is not None and found_etag != etag) or (
+        size is not None and found_size != size
+    ):
+        raise _Changed(f"ETag {found_etag}, {found_size} bytes")
+
+
 class _Truncated(Exception):
     """A response shorter than the range asked for (a dropped connection): retried."""
 
 
+class _Changed(Exception):
+    """A response of another version of the object than the one opened: never retried."""
+
+
+#: HTTP statuses of a request that may succeed later (a timeout, too many requests); every
+#: other 4xx answer fails at once.
+_RETRIED_4XX = frozenset({408, 429})
+
+
+def _status(error: BaseException) -> int | None:
+    """The HTTP status a store's error reports, when its message gives one."""
+    text = str(error)
+    match = re.search(r"status code: (\d{3})\b", text) or re.search(
+        r"\b(4\d\d) (?:Bad Request|Unauthorized|Forbidden|Not Found|Precondition Failed)\b", text
+    )
+    return None if match is None else int(match.group(1))
+
+
 def _not_found(error: BaseException) -> bool:
+    """Whether the object, or the bucket a listing was asked of, does not exist."""
     from obstore.exceptions import NotFoundError
 
-    return isinstance(error, NotFoundError) or isinstance(error, FileNotFoundError)
+    return isinstance(error, (NotFoundError, FileNotFoundError)) or _status(error) == 404
+
+
+def _changed(error: BaseException) -> bool:
+    from obstore.exceptions import PreconditionError
+
+    return isinstance(error, (PreconditionError, _Changed)) or _status(error) == 412
+
+
+def _malformed(error: BaseException) -> bool:
+    """Whether the request can never be made: a key the client cannot parse (an empty
+    segment, ``.`` or ``..``, a control character), or a request the store answers 400."""
+    from obstore.exceptions import InvalidPathError
+
+    return (
+        isinstance(error, InvalidPathError)
+        or type(error) is ValueError  # obstore's "could not parse path"
+        or _status(error) == 400
+    )
 
 
 def _permanent(error: BaseException) -> bool:
-    """Whether retrying cannot help: access is refused, or the request is malformed."""
+    """Whether retrying cannot help: access is refused, or the store says the request is
+    wrong (a 4xx answer but a timeout's or a throttle's)."""
     from obstore import exceptions
 
-    # Some stores' refusals come as a generic error carrying the HTTP status.
-    if re.search(r"\b(401|403) (Unauthorized|Forbidden)\b", str(error)):
+    status = _status(error)
+    if status is not None and 400 <= status < 500 and status not in _RETRIED_4XX:
         return True
     return isinstance(
         error,
         (
             exceptions.PermissionDeniedError,
             exceptions.UnauthenticatedError,
-            exceptions.InvalidPathError,
             exceptions.NotSupportedError,
             exceptions.UnknownConfigurationKeyError,
-            exceptions.PreconditionError,
         ),
     )
 
@@ -260,8 +327,13 @@ def _permanent(error: BaseException) -> bool:
 async def retrying(call: Callable[[], Awaitable[T]], what: str, options: RemoteOptions) -> T:
     """``await call()``, retried with exponential backoff and jitter until ``options.deadline``.
 
-    Raises :class:`RemoteReadError` naming ``what`` (the object and range) with the last error,
-    at once for a missing object or a refused credential. Cancellation passes through.
+    Raises :class:`RemoteReadError` naming ``what`` (the object and range) with the last error;
+    at once, with no retry, what can never succeed: :class:`RemoteNotFoundError` for a missing
+    object or bucket, :class:`RemoteChangedError` for an object replaced since it was opened,
+    ValueError for a key the client cannot parse or a request the store calls malformed (400),
+    :class:`RemoteReadError` for a refused credential or any other 4xx answer. Only what may
+    succeed later is retried: 5xx answers, 408 and 429, dropped, short or stalled answers.
+    Cancellation passes through.
     """
     first = time.monotonic()
     wait = options.backoff
@@ -275,6 +347,14 @@ async def retrying(call: Callable[[], Awaitable[T]], what: str, options: RemoteO
         except Exception as error:  # noqa: BLE001 - every failure of a request is retried
             if _not_found(error):
                 raise RemoteNotFoundError(2, "object not found", what) from None
+            if _changed(error):
+                raise RemoteChangedError(
+                    f"cannot read {what}: the object changed after it was opened (another "
+                    f"version is stored now: {_describe(error)}); none of the new version's "
+                    "bytes are read beside the old one's: open it again to read it"
+                ) from None
+            if _malformed(error):
+                raise ValueError(f"cannot read {what}: {_describe(error)}") from None
             if _permanent(error):
                 raise RemoteReadError(f"cannot read {what}: {_describe(error)}") from None
             elapsed = time.monotonic() - first

@@ -28,6 +28,7 @@ from tokstream.formats import megatron, tokenized
 from tokstream.formats._common import Shard, check_offsets
 from tokstream.shards.manifest import ManifestShards
 from tokstream.shards.remote._cache import Pin
+from tokstream.shards.remote._client import RemoteChangedError
 from tokstream.shards.remote._memory import ObjectBytes, remote_tokens_of
 from tokstream.shards.remote._open import (
     HEAD_BYTES,
@@ -159,8 +160,10 @@ class RemoteManifestShards(ManifestShards):
             )
         # file() gives the shard's Url here: the manifest was opened at one
         shard, offset = self.session.run(self._fetch(index, url, format))  # type: ignore[arg-type]
-        tokens = self._checked(index, shard, offset, where)
         obj = remote_tokens_of(shard.tokens)
+        if obj is not None:
+            self._check_version(index, obj.object.etag, where, "its ETags", RemoteChangedError)
+        tokens = self._checked(index, shard, offset, where)
         if obj is not None:
             self._objects[index] = obj.object
         return tokens

@@ -157,7 +157,7 @@ async def _open_entry(
         body = _json(await read_whole(session, client, key), url)
         if isinstance(body, dict) and body.get("kind") == MANIFEST_KIND:
             return Listed(url, body, session)
-    found = "bin" if format == "bin" else await _classify(client, key, head, size, format)
+    found = "bin" if format == "bin" else await _classify(client, key, head, size, etag, format)
     if found == "megatron":
         return [await open_megatron(session, client, megatron.prefix(key).as_posix())]
     if found == "arrow":
@@ -167,7 +167,9 @@ async def _open_entry(
     return [Shard(remote_tokens(obj, offset, dtype, count), None, url)]
 
 
-async def _classify(client: Client, key: str, head: bytes, size: int, format: str | None) -> str:
+async def _classify(
+    client: Client, key: str, head: bytes, size: int, etag: str | None, format: str | None
+) -> str:
     """The object's format from its first bytes (and, only when they name none, its last bytes
     and whether a ``.idx`` is beside it): one request fewer for every object with a magic."""
     url = client.url(key)
@@ -179,7 +181,7 @@ async def _classify(client: Client, key: str, head: bytes, size: int, format: st
         tail_start = max(size - detect.tail_bytes(head), 0)
         tail = head[tail_start:] if size <= len(head) else b""
         if size > len(head):
-            tail = bytes(await client.read_range(key, tail_start, size))
+            tail = bytes(await client.read_range(key, tail_start, size, etag, size))
         beside = key.endswith(".bin") and await _exists(client, key[:-4] + ".idx")
         found = detect.classify(head[: detect.HEAD_BYTES], tail, size, url, lambda: beside)
     if format is not None and format != found:
@@ -266,7 +268,8 @@ async def _exists(client: Client, key: str) -> bool:
 
 async def read_whole(session: Session, client: Client, key: str) -> bytes:
     """A whole small object (an index, a manifest, document offsets), from the cache directory
-    when an earlier run saved the same version of it there."""
+    when an earlier run saved the same version of it there (named by its ETag and size, and
+    fetched on the condition that it is still that version)."""
     cache = session.cache_dir
     if cache is None:
         return await client.read(key)
@@ -275,7 +278,7 @@ async def read_whole(session: Session, client: Client, key: str) -> bytes:
     path = Path(cache) / f"{name}.whole"
     if path.is_file() and path.stat().st_size == size:
         return path.read_bytes()
-    data = await client.read(key)
+    data = await client.read(key, etag)
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_bytes(data)
     os.replace(temporary, path)

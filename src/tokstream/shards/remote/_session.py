@@ -74,10 +74,13 @@ class Session:
         self._loop = Loop()
         self._clients: dict[str, Client] = {}
         self._lock = threading.Lock()
-        # (object id, start, end) -> [the future of the fetch that brings those bytes, the pin
+        # (object, start, end) -> [the future of the fetch that brings those bytes, the pin
         # that keeps them until a batch takes them over, how many batches fetched ahead still
-        # read them (kept until the last of them takes them over)].
-        self._pending: dict[tuple[int, int, int], list[Any]] = {}
+        # read them (kept until the last of them takes them over)]. Keyed by the object itself,
+        # held: a shard whose map was dropped and opened again is another object, and its
+        # bytes are fetched again; an object's id, reused after it is freed, could have
+        # named the new one's absent bytes present.
+        self._pending: dict[tuple[ObjectBytes, int, int], list[Any]] = {}
         self._semaphores: dict[int, asyncio.Semaphore] = {}
         #: Bytes and GETs fetched so far (ranges as sent, after coalescing).
         self.bytes_fetched = 0
@@ -135,7 +138,7 @@ class Session:
         return pin
 
     def _wait(self, requests: Sequence[Request]) -> None:
-        keys = [(id(obj), start, end) for obj, start, end in requests]
+        keys = [(obj, start, end) for obj, start, end in requests]
         while True:
             futures = self._schedule(requests, ahead=0)
             if not futures:
@@ -177,12 +180,12 @@ class Session:
         pins = self.cache.pin_each([[request] for request in requests])
         waits: dict[int, concurrent.futures.Future[None]] = {}
         # The ranges scheduled now: their pins and uses ahead.
-        scheduled: dict[tuple[int, int, int], list[Any]] = {}
+        scheduled: dict[tuple[ObjectBytes, int, int], list[Any]] = {}
         spans: list[Request] = []
         dropped: list[Pin] = []
         with self._lock:
             for (obj, start, end), pin in zip(requests, pins, strict=True):
-                key = (id(obj), start, end)
+                key = (obj, start, end)
                 entry = self._pending.get(key) or scheduled.get(key)
                 span = None if entry is not None else obj.missing(start, end)
                 if entry is not None:
@@ -235,7 +238,7 @@ class Session:
         if semaphore is None:
             semaphore = self._semaphores[loop_id] = asyncio.Semaphore(self.options.max_in_flight)
         async with semaphore:
-            data = await self.client(obj.root).read_range(obj.key, start, end)
+            data = await self.client(obj.root).read_range(obj.key, start, end, obj.etag, obj.size)
         obj.write(start, data)
         self.bytes_fetched += end - start
         self.requests += 1
