@@ -22,7 +22,7 @@ from tokstream.bench import _device, _loop
 
 # Modules whose import has a side effect (the command line runs).
 _NOT_IMPORTED = {"tokstream.__main__"}
-_OPTIONAL = {"torch", "matplotlib"}
+_OPTIONAL = {"torch", "matplotlib", "grain", "jax"}
 
 
 def _module_names() -> list[str]:
@@ -195,7 +195,7 @@ def test_package_ships_py_typed_and_stubs() -> None:
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Libraries a block may import that the `test` extra does not install.
-_OPTIONAL_IN_BLOCKS = {"torch", "torchdata"}
+_OPTIONAL_IN_BLOCKS = {"torch", "torchdata", "grain", "jax", "flax", "orbax", "optax"}
 
 
 def _python_blocks() -> list[tuple[Path, int, str]]:
