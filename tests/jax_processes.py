@@ -50,10 +50,14 @@ def main() -> None:
         batches.load_state_dict(job["state"])
         reference.load_state_dict(job["state"])
     steps = 0
-    for batch, expected in zip(batches, reference):
-        arrays = batch if isinstance(batch, dict) else dict(zip(("input_ids", "labels"), batch))
+    for batch, expected in zip(batches, reference, strict=True):
+        arrays = (
+            batch
+            if isinstance(batch, dict)
+            else dict(zip(("input_ids", "labels"), batch, strict=True))
+        )
         if not isinstance(expected, dict):
-            expected = dict(zip(("input_ids", "labels"), expected))
+            expected = dict(zip(("input_ids", "labels"), expected, strict=True))
         for name, array in arrays.items():
             assert array.shape[0] == job["global_batch_size"], (name, array.shape)
             for shard in array.addressable_shards:

@@ -64,7 +64,9 @@ def _reference(source, block, global_batch_size, **options):
 
 
 def _as_dict(batch):
-    return batch if isinstance(batch, dict) else dict(zip(("input_ids", "labels"), batch))
+    return (
+        batch if isinstance(batch, dict) else dict(zip(("input_ids", "labels"), batch, strict=True))
+    )
 
 
 def _assert_global_batch(batch, expected, sharding_of):
