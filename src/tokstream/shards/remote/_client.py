@@ -208,17 +208,21 @@ class Client:
 
         return await retrying(head, f"{self.url(key)} bytes [0, {nbytes})", self.options)
 
-    async def list(self, prefix: str) -> list[tuple[str, int, str | None]]:
-        """``(key, size, etag)`` of every object in the folder ``prefix`` (and below), by key."""
+    async def list_level(self, folder: str) -> tuple[list[tuple[str, int, str | None]], list[str]]:
+        """One level of the folder ``folder`` (``""``: the bucket's top): ``(key, size, etag)``
+        of each object directly in it and the name of each folder in it, both sorted. Nothing
+        below those folders is listed, so a key the client cannot parse there (an empty
+        segment, ``..``) is never seen."""
         obstore = require()
 
-        async def listing() -> list[tuple[str, int, str | None]]:
-            found: list[tuple[str, int, str | None]] = []
-            async for chunk in obstore.list(self.store, prefix or None):
-                found.extend((meta["path"], int(meta["size"]), meta.get("e_tag")) for meta in chunk)
-            return sorted(found)
+        async def listing() -> tuple[list[tuple[str, int, str | None]], list[str]]:
+            found = await obstore.list_with_delimiter_async(self.store, folder or None)
+            objects = [
+                (meta["path"], int(meta["size"]), meta.get("e_tag")) for meta in found["objects"]
+            ]
+            return sorted(objects), sorted(found["common_prefixes"])
 
-        return await retrying(listing, f"{self.url(prefix)}* (a listing)", self.options)
+        return await retrying(listing, f"{self.url(folder)}/* (a listing)", self.options)
 
     async def read_range(
         self, key: str, start: int, end: int, etag: str | None = None, size: int | None = None
