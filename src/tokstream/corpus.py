@@ -28,9 +28,7 @@ from tokstream._arrays import (
 from tokstream._arrays import read_only as _read_only
 from tokstream._windowing import covered_tokens, cumulative, windows_per_segment
 from tokstream.shards.filemap import FileMap, MappedFiles, file_map_of
-from tokstream.shards.remote._memory import remote_tokens_of
-from tokstream.shards.remote._resident import present
-from tokstream.shards.source import LazyShards, ShardSource
+from tokstream.shards.source import LazyShards, ShardSource, on_demand_of, present
 
 #: A stream with ``eos=`` that does not scan every token anyway (``windows="within"`` does)
 #: looks for the token in at most this many tokens: all of a smaller corpus, else
@@ -300,7 +298,7 @@ class Corpus:
             return state  # the source pickles as its table of contents
         files = MappedFiles()
         state["_shards"] = tuple(
-            file_map_of(shard) or remote_tokens_of(shard) or files.region(shard) or shard
+            file_map_of(shard) or on_demand_of(shard) or files.region(shard) or shard
             for shard in self._shards
         )
         return state

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 
 from tokstream.formats import llmc, megatron, npy, raw
-from tokstream.formats._common import Shard, atomic_writer, check_kind, check_offsets
+from tokstream.formats.common import Shard, atomic_writer, check_kind, check_offsets
 
 # The record's dtype rule is the manifests' (shards/remote/_open reads it from here).
-from tokstream.formats._common import manifest_dtype as manifest_dtype
+from tokstream.formats.common import manifest_dtype as manifest_dtype
 
 MANIFEST = "tokstream.json"
 KIND = "tokstream tokenize output"

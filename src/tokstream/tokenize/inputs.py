@@ -17,15 +17,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tokstream import files
-from tokstream.formats import arrow
+from tokstream.formats import arrow, table
 
 
 def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """Each input as a file, or a pattern's sorted matches, in the order given."""
     if isinstance(inputs, (str, os.PathLike)) or not inputs:
         raise TypeError("inputs must be a nonempty list of paths or patterns")
-    paths = [path for item in inputs for path in files.expand_pattern(item)]
+    paths = [path for item in inputs for path in table.expand_pattern(item)]
     for path in paths:
         if not path.is_file():
             raise FileNotFoundError(2, "input file not found", os.fspath(path))

@@ -51,7 +51,7 @@ OWN_FILE = re.compile(
     r"shard_\d{6,}(\.npy|\.bin|\.idx|\.documents\.npy)?|\.partial\.\w+"
     r"|manifest(\.json|\.documents\.npy)"
 )
-#: The temporary files its writers leave when killed (formats._common.atomic_writer's names).
+#: The temporary files its writers leave when killed (formats.common.atomic_writer's names).
 OWN_TEMPORARY = re.compile(r"\.(shard_\d{6,}\S*|tokstream\.json|manifest\S*)\.[0-9a-f]+\.tmp")
 
 
