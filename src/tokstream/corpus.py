@@ -17,7 +17,7 @@ import numpy as np
 from tokstream import _validate
 from tokstream._document_starts import offsets_array, same_dtype_arrays, write_document_starts
 from tokstream._eos import EosNotFoundWarning, EosTokens
-from tokstream._frozen import frozen, frozen_state
+from tokstream._frozen import frozen, frozen_state, read_only
 from tokstream._options import windows_within_documents
 from tokstream._window_counts import covered_tokens, cumulative, windows_per_segment
 from tokstream.shards.filemap import FileMap, MappedFiles, file_map_of
@@ -289,7 +289,7 @@ class Corpus:
                 array = array.astype(np.uint8)
             elif np.count_nonzero(array > 1):
                 raise ValueError(f"masks[{j}] holds values other than 0 and 1")
-            checked.append(_read_only(array))
+            checked.append(read_only(array))
         return self._with_loss_masks(checked)
 
     def _with_loss_masks(self, masks: Sequence[np.ndarray]) -> Corpus:
