@@ -17,8 +17,10 @@ mixture, packed           ``PackedMixtureSpace``          ``PackedMixtureOrder``
 The fill is the kernel calls that copy a batch of the space's samples, beside its space:
 windows (:class:`~tokstream.plan.windows.WindowFill`) or packed rows
 (:class:`~tokstream.plan.packed.PackedFill`).
-This module is the only one that asks whether a source is a mixture; what each ``windows``
-value means is read from :mod:`tokstream._options`.
+Of the stream's modules this is the only one that asks whether a source is a mixture
+(:func:`tokstream.mixture.mixture_of`, the one test, which :func:`tokstream.mix` and
+:func:`tokstream.split` also ask of their arguments); what each ``windows`` value means is read
+from :mod:`tokstream._options`.
 """
 
 from __future__ import annotations
