@@ -53,6 +53,20 @@ def splittable(path: Path, document_per_file: bool) -> bool:
     )
 
 
+def line_start(path: Path, offset: int) -> int:
+    """The first byte at or after ``offset`` (at least 1) that begins a line of ``path``, or
+    its size: where a range of whole lines may end. Reads only up to the next newline."""
+    with open(path, "rb") as f:
+        f.seek(offset - 1)
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                return f.tell()
+            at = chunk.find(b"\n")
+            if at >= 0:
+                return f.tell() - len(chunk) + at + 1
+
+
 def parquet_rows(path: Path, text_field: str) -> int:
     """The rows of a Parquet input, its text column checked (its footer is all that is read)."""
     rows: int = _parquet_file(path, text_field).metadata.num_rows
