@@ -25,12 +25,13 @@ import numpy as np
 
 from tokstream._memory import available_memory
 from tokstream.formats import detect, llmc, megatron, npy, raw, tokenized
-from tokstream.formats._common import Shard, check_length, check_offsets
+from tokstream.formats.common import Shard, check_length, check_offsets
 from tokstream.shards.manifest import KIND as MANIFEST_KIND
+from tokstream.shards.manifest import MANIFEST_NAME
 from tokstream.shards.remote._client import Client, RemoteNotFoundError, RemoteOptions
 from tokstream.shards.remote._memory import ObjectBytes, tokens_array
 from tokstream.shards.remote._session import Session
-from tokstream.shards.remote._url import split_url
+from tokstream.shards.url import split_url
 
 #: Bytes of each file read at open: enough for every header tokstream reads (a .npy header of
 #: a 1-D array is 128 bytes; llm.c's 1024).
@@ -224,8 +225,6 @@ async def _open_directory(
 ) -> list[Shard] | Listed:
     """A directory holding a manifest (its ``manifest.json``), a ``tokstream tokenize``
     directory (its ``tokstream.json``), or a Megatron prefix."""
-    from tokstream.manifest import MANIFEST_NAME
-
     url = client.url(directory)
     try:
         body = await read_whole(session, client, f"{directory}/{MANIFEST_NAME}")
