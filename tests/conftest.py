@@ -21,6 +21,8 @@ NEEDS_EXTRA = {
     "test_torch_resume.py": "torch",
     "test_torch_groups.py": "torch",
     "test_packing_torch.py": "torch",
+    "test_grain.py": "grain",
+    "test_jax.py": "jax",
 }
 collect_ignore = [
     module for module, extra in NEEDS_EXTRA.items() if importlib.util.find_spec(extra) is None

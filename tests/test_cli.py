@@ -17,6 +17,7 @@ import pytest
 from tokstream import _progress, cli, writing
 from tokstream._order import SLOW_DRAW_WINDOWS
 from tokstream.bench import baselines
+from tokstream.formats import table
 
 # A corpus and shapes small enough that a whole bench run takes a fraction of a second.
 TINY = ["--tokens", "3000", "--block", "4,16", "--batch-size", "32,8", "--batches", "2"]
@@ -500,7 +501,7 @@ def test_inspect_and_open_tokens_expand_a_pattern_alike(tmp_path):
     for pattern in ("a[1].npy", "a*.npy", "?.npy"):
         code, out, err = run("inspect", str(tmp_path / pattern), "--json")
         assert code == 0, err
-        expected = [str(p) for p in files.expand_pattern(tmp_path / pattern)]
+        expected = [str(p) for p in table.expand_pattern(tmp_path / pattern)]
         assert [s["path"] for s in json.loads(out)] == expected
         assert len(files.open_tokens(tmp_path / pattern).shards) == len(expected)
 
@@ -522,9 +523,7 @@ def test_cli_dtype_options_follow_the_integer_dtype_rule_of_open_tokens(tmp_path
 
 
 def test_convert_names_the_output_suffixes_and_formats_of_the_files_table(tmp_path):
-    from tokstream import files
-
-    assert files.SUFFIX_FORMATS == {".npy": "npy", ".bin": "bin", ".arrow": "arrow"}
+    assert table.SUFFIX_FORMATS == {".npy": "npy", ".bin": "bin", ".arrow": "arrow"}
     code, _, err = run("convert", "in.npy", str(tmp_path / "out.tokens"))
     assert code == 2
     assert "name it *.npy or *.bin or *.arrow, or pass --format npy|bin|llmc|megatron|arrow" in err

@@ -3,6 +3,7 @@ clone of the repository (where ``pip install 'tokstream[...]'`` would look the n
 
 from __future__ import annotations
 
+import importlib
 import io
 import sys
 
@@ -54,3 +55,14 @@ def test_the_ray_engine_without_ray_is_one_line_naming_the_extra_and_writes_noth
     assert stderr.getvalue().count("\n") == 1 and stdout.getvalue() == ""
     assert stderr.getvalue().rstrip().endswith(install_hint("ray"))
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("module", "extra"), [("tokstream.grain", "grain"), ("tokstream.jax", "jax")]
+)
+def test_an_adapter_without_its_library_says_how_to_install_it(monkeypatch, module, extra):
+    monkeypatch.setitem(sys.modules, extra, None)  # makes `import grain` fail
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    with pytest.raises(ImportError) as error:
+        importlib.import_module(module)
+    assert install_hint(extra) in str(error.value)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from tokstream import Corpus, _validate, open_tokens, write_tokens
-from tokstream.files import FORMATS, detect_format
 from tokstream.formats import megatron
+from tokstream.formats.table import FORMATS, detect_format
 from tokstream.shards.filemap import FileMap
 
 MEGATRON_CODES = {

@@ -17,7 +17,7 @@ import tokstream
 from tokstream.shards.remote import RemoteOptions, is_url
 from tokstream.shards.remote._memory import remote_tokens_of
 from tokstream.shards.remote._session import coalesce
-from tokstream.shards.remote._url import split_url
+from tokstream.shards.url import split_url
 
 
 class FakeObject:

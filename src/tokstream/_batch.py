@@ -34,7 +34,7 @@ from tokstream._kernels.packed_copy import fill_packed
 from tokstream._options import StreamOptions
 from tokstream._packed import PackedMixtureSpace, PackedSpace
 from tokstream._space import WindowSpace, cache_ahead, rows_ahead
-from tokstream.shards.remote._resident import Residency
+from tokstream.shards.source import residency_of
 
 #: A batch: ``(windows, targets)``, or with extras a dict of arrays (and ``"max_seqlen"``, an
 #: int, beside ``"cu_seqlens"``).
@@ -158,7 +158,7 @@ class WindowFill:
         self._one_shard = space.one_shard
         self._refuse = _OutsideOutDtype(dtype, options.out_dtype)
         # Remote shards: each batch's windows are fetched into memory before a kernel reads them.
-        self.residency = Residency.of_corpus(space.corpus)
+        self.residency = residency_of(space.corpus)
         self._window_bytes = (space.block + 1) * dtype.itemsize
 
     def __call__(
@@ -258,7 +258,7 @@ class PackedFill:
         # Selects the kernel's specialisation only; the pieces are read from their addresses.
         self._anchor = np.empty(0, dtype)
         self._refuse = _OutsideOutDtype(dtype, options.out_dtype)
-        self.residency = Residency.of_corpus(space.corpus)
+        self.residency = residency_of(space.corpus)
         # Rows whose pieces the kernel requests ahead of the copy (0: none); unshuffled rows
         # read consecutive documents, which the hardware prefetcher streams.
         self._rows_ahead = rows_ahead(space.block, dtype) if options.shuffle else 0

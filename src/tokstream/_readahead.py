@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from tokstream._order import WindowOrder
     from tokstream._space import WindowSpace
     from tokstream._state import Cursor
-    from tokstream.shards.remote._resident import Residency
+    from tokstream.shards.source import Residency
 
 #: Windows whose reads are kept in flight ahead of the batch being copied (at least one batch):
 #: enough to fill a device's queue, few enough that little is read for nothing if the stream
@@ -150,7 +150,7 @@ def read_ahead(
     pieces) of a remote corpus is fetched ahead (``residency``, :mod:`tokstream.shards.remote`).
     """
     if residency is not None:
-        ahead = ReadAhead(order, residency.advisor(space), options.batch_size)  # type: ignore[arg-type]
+        ahead = ReadAhead(order, residency.advisor(space), options.batch_size)
         ahead.depth = max(1, -(-residency.windows_ahead // options.batch_size))
         return ahead
     # A manifest's files are maps even before the first is made (ShardSource.maps_files).

@@ -41,9 +41,10 @@ from tokstream import _validate
 from tokstream._windowing import cumulative
 from tokstream.corpus import Corpus
 from tokstream.formats import megatron
-from tokstream.formats._common import PathLike, Shard, atomic_writer
+from tokstream.formats.common import PathLike, Shard, atomic_writer
+from tokstream.formats.table import checked_tokens, input_paths, shards_with_formats
 from tokstream.shards.filemap import file_map_of
-from tokstream.shards.manifest import COLUMNS, KIND, VERSION, ManifestShards
+from tokstream.shards.manifest import COLUMNS, KIND, MANIFEST_NAME, VERSION, ManifestShards
 from tokstream.shards.source import DEFAULT_CAPACITY
 
 __all__ = [
@@ -61,8 +62,6 @@ __all__ = [
     "write_manifest",
 ]
 
-#: The name :func:`tokstream.open_tokens` looks for in a directory.
-MANIFEST_NAME = "manifest.json"
 #: The fingerprint: BLAKE2b-128 of the size and of at most this many sampled bytes of the file
 #: (its first and last 64 KiB and 16 evenly spaced blocks of 4 KiB), so writing a manifest of
 #: terabytes reads a few hundred KiB a file, not the terabytes.
@@ -111,8 +110,6 @@ def write_manifest(
     Raises what :func:`tokstream.open_tokens` raises for the inputs; ValueError for an
     ``output`` that is not a ``.json`` file name or that is one of the inputs.
     """
-    from tokstream import files
-
     output = Path(os.fspath(output)) if isinstance(output, (str, os.PathLike)) else output
     if not isinstance(output, Path):
         raise TypeError(f"output must be a str or os.PathLike, got {type(output).__name__}")
@@ -126,13 +123,13 @@ def write_manifest(
     # Absolute paths without resolving links (no system call per shard); relative to where
     # the manifest will be, so the directory can move with its files.
     base, target = os.path.abspath(output.parent), os.path.abspath(output)
-    for path in files.input_paths(inputs):
-        for shard, format in files.shards_with_formats(path, want, column):
+    for path in input_paths(inputs):
+        for shard, format in shards_with_formats(path, want, column):
             data = _data_file(shard, format)
             key = os.path.abspath(data)
             if key == target:
                 raise ValueError(f"output {output} is one of the inputs")
-            tokens = files.checked_tokens(shard, want)
+            tokens = checked_tokens(shard, want)
             found.setdefault(str(tokens.dtype), shard.name)
             if key not in fingerprints:
                 fingerprints[key] = fingerprint(data)

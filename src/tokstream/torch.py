@@ -58,6 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
 
 from tokstream import _validate
 from tokstream._options import stream_signature
+from tokstream.shards.source import reads_object_storage
 from tokstream.stream import TokenStream, stream_source
 
 __all__ = ["TensorBatch", "TokenDataset", "block_mask", "data_loader"]
@@ -314,8 +315,6 @@ def data_loader(
         ``multiprocessing_context`` is ``"fork"`` (or a fork context) for a corpus in object
         storage with workers.
     """
-    from tokstream.shards.remote._resident import reads_object_storage
-
     if loader_class is None:
         loader_class = torch.utils.data.DataLoader
     if num_workers is None:

@@ -15,11 +15,11 @@ import numpy as np
 
 from tokstream import _validate
 from tokstream.corpus import Corpus
-from tokstream.files import FORMAT_TABLE, FORMATS
 from tokstream.formats import arrow, llmc, megatron
-from tokstream.formats._common import PathLike, atomic_writer, output_path
+from tokstream.formats.common import PathLike, atomic_writer, output_path
+from tokstream.formats.table import FORMAT_TABLE, FORMATS
 from tokstream.formats.writer import TokenFileWriter
-from tokstream.shards.remote._resident import present
+from tokstream.shards.source import present
 
 
 def write_tokens(path: PathLike, ids: Any, format: str = "npy", dtype: Any = None) -> Path:

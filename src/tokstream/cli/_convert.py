@@ -10,6 +10,7 @@ import numpy as np
 
 from tokstream import _progress, files, writing
 from tokstream.cli._common import CommandError, UsageError, dtype_name
+from tokstream.formats import table
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,7 +30,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     convert.add_argument("output", metavar="OUT", help="token file to write")
     convert.add_argument(
         "--format",
-        choices=files.FORMATS,
+        choices=table.FORMATS,
         default=None,
         help="output format (default from OUT's suffix; llm.c shards need --format llmc)",
     )
@@ -46,7 +47,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="token dtype of a raw .bin IN (default uint16)",
     )
     convert.add_argument(
-        "--in-format", choices=files.FORMATS, default=None, help="read IN as this format"
+        "--in-format", choices=table.FORMATS, default=None, help="read IN as this format"
     )
     convert.add_argument("--column", default="input_ids", help="Arrow column of token lists")
     convert.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -58,18 +59,18 @@ def _output_format(args: argparse.Namespace) -> str:
         chosen: str = args.format
         return chosen
     suffix = Path(args.output).suffix.lower()
-    if suffix not in files.SUFFIX_FORMATS:
+    if suffix not in table.SUFFIX_FORMATS:
         raise UsageError(
             f"cannot tell the output format from {args.output!r}: name it "
-            f"{' or '.join('*' + s for s in files.SUFFIX_FORMATS)}, or pass --format "
-            f"{'|'.join(files.FORMATS)}"
+            f"{' or '.join('*' + s for s in table.SUFFIX_FORMATS)}, or pass --format "
+            f"{'|'.join(table.FORMATS)}"
         )
-    return files.SUFFIX_FORMATS[suffix]
+    return table.SUFFIX_FORMATS[suffix]
 
 
 def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     out_format = _output_format(args)
-    inputs = files.expand_pattern(args.input)
+    inputs = table.expand_pattern(args.input)
     if len(inputs) != 1:
         raise CommandError(f"{args.input!r} names {len(inputs)} files; convert takes one input")
     corpus = files.open_tokens(
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     )
     dtype = args.dtype if args.dtype is not None else writing.kept_dtype(corpus.dtype, out_format)
     itemsize = corpus.dtype.itemsize if dtype is None else np.dtype(dtype).itemsize
-    expected = files.FORMAT_TABLE[out_format].header_bytes + corpus.num_tokens * itemsize
+    expected = table.FORMAT_TABLE[out_format].header_bytes + corpus.num_tokens * itemsize
     progress = _progress.Progress(None if args.quiet else stderr)
     label = f"{args.input} -> {args.output}"
     target = Path(args.output)

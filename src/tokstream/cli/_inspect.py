@@ -18,7 +18,7 @@ from tokstream.bench.report import markdown_table
 from tokstream.cli import _inspect_step
 from tokstream.cli._common import PROG, dtype_name, positive
 from tokstream.corpus import Corpus
-from tokstream.formats import megatron, tokenized
+from tokstream.formats import megatron, table, tokenized
 from tokstream.packing import packing_summary
 
 
@@ -224,7 +224,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     inspect.add_argument(
         "--format",
-        choices=files.FORMATS,
+        choices=table.FORMATS,
         default=None,
         help="read as this format (default: detect)",
     )
@@ -250,8 +250,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _expand(arguments: Sequence[str]) -> list[str]:
-    """Each argument as a file, or a pattern's sorted matches (:func:`files.expand_pattern`)."""
-    return [str(path) for argument in arguments for path in files.expand_pattern(argument)]
+    """Each argument as a file, or a pattern's sorted matches (:func:`table.expand_pattern`)."""
+    return [str(path) for argument in arguments for path in table.expand_pattern(argument)]
 
 
 def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from tokstream._extras import install_hint
-from tokstream.formats._common import Shard, check_offsets, map_tokens
+from tokstream.formats.common import Shard, check_offsets, map_tokens
 
 FILE_MAGIC = b"ARROW1"
 STREAM_MAGIC = b"\xff\xff\xff\xff"
@@ -120,7 +120,7 @@ def read_directory(path: Path, column: str) -> list[Shard]:
     return shards
 
 
-def _json(path: Path) -> dict:
+def _json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -170,7 +170,7 @@ def read_object(value: Any, column: str) -> list[Shard]:
 
 
 def _batches_to_shards(
-    schema: Any, batches: list, column: str, where: str, locate: Any
+    schema: Any, batches: list[Any], column: str, where: str, locate: Any
 ) -> list[Shard]:
     """Check the column's type once, then make one shard per batch (an empty one if none)."""
     token_type = _token_type(schema, column, where)
@@ -233,7 +233,7 @@ def _column_shard(batch: Any, column: str, where: str, locate: Any) -> Shard:
 
 
 def _is_list(pa: Any, kind: Any) -> bool:
-    return (
+    return bool(
         pa.types.is_list(kind)
         or pa.types.is_large_list(kind)
         or (pa.types.is_fixed_size_list(kind))
@@ -246,7 +246,8 @@ def _values(array: Any, start: int, count: int, column: str, where: str, locate:
     if count == 0:
         return map_tokens(Path(), dtype, 0, 0)
     data = array.buffers()[1]
-    return locate(data, dtype, array.offset + start, count)
+    tokens: np.ndarray = locate(data, dtype, array.offset + start, count)
+    return tokens
 
 
 # ---------------------------------------------------------------------------------------------

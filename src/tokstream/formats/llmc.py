@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tokstream.formats._common import check_size, map_tokens, read_header
+from tokstream.formats.common import check_size, map_tokens, read_header
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 #: (magic, version) -> stored token dtype.
-KINDS = {
+KINDS: dict[tuple[int, int], np.dtype] = {
     (20240520, 1): np.dtype("<u2"),
     (20240801, 7): np.dtype("<u4"),
 }

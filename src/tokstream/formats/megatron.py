@@ -21,14 +21,14 @@ from typing import BinaryIO
 import numpy as np
 
 from tokstream import _validate
-from tokstream.formats._common import Shard, map_tokens, read_header
+from tokstream.formats.common import Shard, map_tokens, read_header
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 #: Bytes before the sequence lengths: magic, version, dtype code, the two counts.
 HEADER_BYTES = len(MAGIC) + 8 + 1 + 8 + 8
 #: Megatron's dtype codes of integer types (its codes 6 and 7 are float64 and float32).
-DTYPE_CODES = {
+DTYPE_CODES: dict[int, np.dtype] = {
     1: np.dtype("<u1"),
     2: np.dtype("<i1"),
     3: np.dtype("<i2"),
@@ -41,13 +41,13 @@ _FLOAT_CODES = {6: "float64", 7: "float32"}
 MAX_SEQUENCE = int(np.iinfo(np.int32).max)
 
 
-def prefix(path: os.PathLike | str) -> Path:
+def prefix(path: os.PathLike[str] | str) -> Path:
     """The dataset prefix of a prefix, a ``.bin`` or an ``.idx`` path."""
     text = os.fspath(path)
     return Path(text[:-4] if text.endswith((".bin", ".idx")) else text)
 
 
-def paths(path: os.PathLike | str) -> tuple[Path, Path]:
+def paths(path: os.PathLike[str] | str) -> tuple[Path, Path]:
     """``(PREFIX.idx, PREFIX.bin)`` for a prefix, a ``.bin`` or an ``.idx`` path."""
     text = os.fspath(prefix(path))
     return Path(text + ".idx"), Path(text + ".bin")
@@ -73,7 +73,7 @@ def code_for(dtype: np.dtype) -> int:
     )
 
 
-def read(path: os.PathLike | str) -> Shard:
+def read(path: os.PathLike[str] | str) -> Shard:
     """Map the dataset named by ``path`` (its prefix, ``.bin`` or ``.idx``) as one shard."""
     idx_path, bin_path = paths(path)
     for part in (idx_path, bin_path):

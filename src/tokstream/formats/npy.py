@@ -9,7 +9,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from tokstream.formats._common import check_size, map_tokens
+from tokstream.formats.common import check_size, map_tokens
 
 MAGIC = b"\x93NUMPY"
 #: A version 1.0 header of a 1-D array, padded to this size whatever its length and dtype.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokstream.formats._common import map_tokens
+from tokstream.formats.common import map_tokens
 
 DEFAULT_DTYPE = np.dtype(np.uint16)
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from tokstream.formats import llmc, megatron, npy
-from tokstream.formats._common import atomic_writer, check_offsets
+from tokstream.formats.common import atomic_writer, check_offsets
 
 #: Formats written token by token (Arrow's single record batch is written whole).
 STREAMED = ("npy", "bin", "llmc", "megatron")

@@ -125,11 +125,12 @@ class FileMap:
         if self._mmap is not None:
             self._mmap.madvise(advice)
             return
+        assert _LIBC is not None  # a map not made by mmap.mmap was made through the C library
         if _LIBC.madvise(self._base, self._span, advice) != 0:
             error = ctypes.get_errno()
             raise OSError(error, os.strerror(error), self.path)
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         # Where the tokens are, not the tokens: unpickling maps the same file again.
         return (FileMap, (self.path, self.offset, self.dtype, self.count, self.identity))
 
@@ -146,7 +147,7 @@ def map_tokens(path: str, offset: int, dtype: np.dtype, count: int) -> np.ndarra
 
 def file_map_of(array: np.ndarray) -> FileMap | None:
     """The :class:`FileMap` ``array`` is exactly (not a slice or view of it), else None."""
-    base = array.base
+    base: object = array.base  # a FileMap for a mapped file (NumPy types it an array)
     if isinstance(base, FileMap) and array.shape == (base.count,) and array.dtype == base.dtype:
         if array.ctypes.data == base.__array_interface__["data"][0]:
             return base
@@ -159,7 +160,7 @@ class _Remap:
     def __init__(self, path: str, offset: int, dtype: np.dtype, count: int, identity: Identity):
         self.args = (path, offset, dtype, count, identity)
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return (FileMap, self.args)
 
 

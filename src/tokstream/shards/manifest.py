@@ -17,11 +17,14 @@ import numpy as np
 from tokstream import _validate
 from tokstream._arrays import frozen
 from tokstream._windowing import cumulative
-from tokstream.formats._common import Shard, check_kind, check_offsets, manifest_dtype
+from tokstream.formats import table
+from tokstream.formats.common import Shard, check_kind, check_offsets, manifest_dtype
 from tokstream.shards.filemap import file_map_of
 from tokstream.shards.source import DEFAULT_CAPACITY, MappedShards
 
 KIND = "tokstream manifest"
+#: The name :func:`tokstream.open_tokens` looks for in a directory.
+MANIFEST_NAME = "manifest.json"
 VERSION = 1
 #: The columns of the shard table, each a list with one value per shard.
 COLUMNS = ("path", "format", "offset", "tokens", "documents", "size", "fingerprint", "batch")
@@ -134,8 +137,6 @@ class ManifestShards(MappedShards):
 
     def _open(self, index: int) -> np.ndarray:
         """Map shard ``index`` with its format's reader and check it against its entry."""
-        from tokstream import files
-
         file = self.file(index)
         where = f"token file {file}"
         stat = file.stat()
@@ -146,13 +147,13 @@ class ManifestShards(MappedShards):
                 f"{where}: {size} bytes, the manifest {self.path} says {int(self._sizes[index])}"
             )
         format = self._formats[index]
-        if format not in files.FORMATS:
+        if format not in table.FORMATS:
             raise ValueError(f"{where}: unknown format {format!r} in the manifest {self.path}")
         key = os.fspath(file)
         if self._last_file is not None and self._last_file[0] == key:
             shards = self._last_file[1]
         else:
-            shards = files.shards_of(file, self.dtype, format, self.column)
+            shards = table.shards_of(file, self.dtype, format, self.column)
             self._last_file = (key, shards) if len(shards) > 1 else None
         batch = self._batches[index] or 0
         if not isinstance(batch, int) or not 0 <= batch < len(shards):

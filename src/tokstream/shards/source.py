@@ -23,6 +23,14 @@ windows lie in more shards than ``capacity`` has them all mapped while it is cop
 maps beyond ``capacity`` are dropped when it is released. A source over object storage may
 fetch just the ranges into buffers the :class:`Readable` holds. No address table outlives the
 call it was made for, and a pinned map is never dropped, so no kernel reads an unmapped address.
+
+Bytes fetched on demand (object storage) add a second promise, kept by a :class:`Residency`:
+before a kernel call reads windows it makes their bytes present and pins them until the call
+returns, and it fetches the windows of upcoming batches ahead. A stream asks its corpus for one
+through :func:`residency_of`: the corpus' source's (:meth:`ShardSource.residency`; None for local
+files, whose bytes the OS pages in), or for shards held as arrays, the one the arrays' memory
+makes (:class:`OnDemandTokens`). Python code that reads tokens itself goes through
+:func:`present`. Nothing outside the storage kinds needs to know which kind a corpus has.
 """
 
 from __future__ import annotations
@@ -30,12 +38,16 @@ from __future__ import annotations
 import mmap
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from tokstream._arrays import frozen, frozen_state
 from tokstream.shards.filemap import FileMap
+
+if TYPE_CHECKING:
+    from tokstream.corpus import Corpus
 
 #: Shard maps a :class:`MappedShards` keeps open by default (a batch in flight whose windows
 #: lie in more shards keeps them all until it is copied).
@@ -86,6 +98,8 @@ class ShardSource:
     #: Whether the shards are memory maps of local files, which a shuffled stream reads ahead
     #: (``madvise`` through :meth:`readable`'s addresses).
     maps_files = False
+    #: Whether the shards live in object storage (a forked process cannot read them).
+    remote = False
 
     def __setattr__(self, name: str, value: Any) -> None:
         # The checks of every range and shard rest on these two: set once, never replaced, and
@@ -125,6 +139,11 @@ class ShardSource:
     def memory_maps(self) -> Iterator[mmap.mmap | FileMap]:
         """The maps open now (for OS advice)."""
         return iter(())
+
+    def residency(self) -> Residency | None:
+        """What a stream asks of these shards around its kernel calls when their bytes are
+        fetched on demand (see the module); None: :meth:`readable` suffices."""
+        return None
 
     def advise(self, advice: int | None) -> None:
         """``mmap.MADV_*`` for the maps open now and those made later (None: none)."""
@@ -309,3 +328,104 @@ class LazyShards(Sequence[np.ndarray]):
 
     def __repr__(self) -> str:
         return f"LazyShards({len(self)} shards)"
+
+
+class Residency(Protocol):
+    """Bytes a kernel reads that must be fetched first, and are fetched ahead (see the module).
+
+    Each ``ensure_*`` returns once every byte the coming kernel call reads is in memory (or
+    raises, before the kernel runs), with a context manager: the call runs inside it, and none
+    of those bytes is evicted before it leaves.
+    """
+
+    #: Windows to keep requested ahead of the batch being copied.
+    windows_ahead: int
+
+    def ensure_windows(self, space: Any, windows_index: np.ndarray) -> AbstractContextManager[Any]:
+        """The ``(block + 1)``-token windows ``windows_index`` of a window space."""
+        ...
+
+    def ensure_at(
+        self, addresses: np.ndarray, nbytes: np.ndarray | int
+    ) -> AbstractContextManager[Any]:
+        """``nbytes`` at each of ``addresses`` (those inside these shards)."""
+        ...
+
+    def ensure_pieces(
+        self, rows: np.ndarray, row_offsets: np.ndarray, addresses: np.ndarray, lengths: np.ndarray
+    ) -> AbstractContextManager[Any]:
+        """The pieces of packed rows ``rows``: ``row_offsets[r]:row_offsets[r + 1]`` of the
+        pieces, ``lengths[i]`` tokens at ``addresses[i]``."""
+        ...
+
+    def advisor(self, space: Any) -> Any:
+        """A stand-in for ``space`` in the stream's read-ahead, whose advice fetches ahead."""
+        ...
+
+    def close(self) -> None:
+        """Cancel what is in flight; end the threads and connections fetching."""
+        ...
+
+
+class OnDemandTokens:
+    """The memory a token array held in hand is a view of, when its bytes are fetched on
+    demand (object storage): bytes not fetched (or evicted since) read as zeros.
+
+    Subclasses say how: :meth:`residency` for streams over corpora of such arrays,
+    :meth:`present` for Python code reading the tokens itself. ``count`` is the array's length.
+    """
+
+    count: int
+
+    def residency(self, shards: Sequence[np.ndarray]) -> Residency:
+        """The residency of a corpus' shards (this array's among them)."""
+        raise NotImplementedError
+
+    def present(self, shard: np.ndarray, start: int, stop: int) -> np.ndarray:
+        """``shard[start:stop]`` (``shard`` is exactly this memory's array), its bytes made
+        present and kept there for as long as the array returned lives."""
+        raise NotImplementedError
+
+
+def on_demand_of(array: np.ndarray) -> OnDemandTokens | None:
+    """The :class:`OnDemandTokens` ``array`` is exactly (not a slice or view of it), else None."""
+    base: object = array.base
+    if isinstance(base, OnDemandTokens) and array.shape == (base.count,):
+        return base
+    return None
+
+
+def present(shard: np.ndarray, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """``shard[start:stop]`` as it is stored: for a shard fetched on demand, its bytes fetched
+    first and pinned while the array returned lives (read through it, not ``shard``)."""
+    stop = shard.shape[0] if stop is None else min(stop, shard.shape[0])
+    memory = on_demand_of(shard)
+    if memory is None or stop <= start:
+        return shard[start:stop]
+    return memory.present(shard, start, stop)
+
+
+def residency_of(corpus: Corpus) -> Residency | None:
+    """What a stream over ``corpus`` asks around its kernel calls (see the module); None when
+    its bytes need no fetching. A corpus whose shards are read on demand is asked through its
+    source (its shards are not all taken: that would map every one)."""
+    if corpus.source is not None:
+        return corpus.source.residency()
+    for shard in corpus.shards:
+        memory = on_demand_of(shard)
+        if memory is not None:
+            return memory.residency(corpus.shards)
+    return None
+
+
+def reads_object_storage(source: Any) -> bool:
+    """Whether any shard of a corpus (or of a mixture's sources) lives in object storage, which
+    a forked process cannot read."""
+    sources = getattr(source, "sources", None)  # a tokstream.mix() mixture
+    corpora = list(sources.values()) if isinstance(sources, dict) else [source]
+    return any(
+        corpus.source.remote
+        if corpus.source is not None
+        else any(on_demand_of(shard) is not None for shard in corpus.shards)
+        for corpus in corpora
+    )

@@ -13,11 +13,16 @@ windows as from local files: each window's bytes are in memory before the kernel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tokstream.shards.remote._url import is_url
+from tokstream.shards.url import is_url
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from tokstream.formats.common import Shard
+    from tokstream.shards.manifest import ManifestShards
     from tokstream.shards.remote._client import (
         RemoteChangedError,
         RemoteNotFoundError,
@@ -31,7 +36,25 @@ __all__ = [
     "RemoteOptions",
     "RemoteReadError",
     "is_url",
+    "open_url",
 ]
+
+
+def open_url(
+    spec: Any, dtype: np.dtype | None, format: str | None, remote: Any
+) -> tuple[list[Shard], None] | tuple[None, tuple[str, Any, Callable[..., ManifestShards]]]:
+    """What ``spec`` (a URL, or a list of URLs) names in object storage, opened with the
+    options ``remote`` (a :class:`RemoteOptions` or None): ``(shards, None)`` for token files
+    (their headers and indexes read, their tokens fetched on demand), or for a manifest (only
+    it read) ``(None, (url, body, source))``, the ``path``, ``body`` and ``source`` of
+    :func:`tokstream.manifest.open_manifest`."""
+    from tokstream.shards.remote import _manifest, _open
+
+    opened = _open.open_remote(spec, dtype, format, _open.options(remote))
+    if isinstance(opened, _open.Listed):
+        url, source = _manifest.open_listed(*opened)
+        return None, (url, opened.body, source)
+    return opened, None
 
 
 def __getattr__(name: str) -> Any:

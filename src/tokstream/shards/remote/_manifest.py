@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from tokstream.formats import megatron, tokenized
-from tokstream.formats._common import Shard, check_offsets
+from tokstream.formats.common import Shard, check_offsets
 from tokstream.shards.manifest import ManifestShards
 from tokstream.shards.remote._cache import Pin
 from tokstream.shards.remote._client import RemoteChangedError
@@ -39,8 +39,8 @@ from tokstream.shards.remote._open import (
 )
 from tokstream.shards.remote._resident import AHEAD_PER_GET
 from tokstream.shards.remote._session import Session
-from tokstream.shards.remote._url import split_url
 from tokstream.shards.source import DEFAULT_CAPACITY, Readable
+from tokstream.shards.url import split_url
 
 #: The formats a manifest in object storage may list (Arrow files are not read remotely).
 FORMATS = ("npy", "bin", "llmc", "megatron")
@@ -95,7 +95,6 @@ class RemoteManifestShards(ManifestShards):
         del state["_objects"], state["_ahead"]
         return state
 
-    @property
     def residency(self) -> SourceResidency:
         """What a stream's batch filler and read-ahead ask of this source."""
         return SourceResidency(self)

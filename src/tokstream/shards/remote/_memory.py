@@ -17,12 +17,16 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tokstream.shards.remote._cache import EXTENT
+from tokstream.shards.remote._cache import EXTENT, Pin
+from tokstream.shards.remote._resident import PIECE_BYTES, Residency
+from tokstream.shards.source import OnDemandTokens
 
 if TYPE_CHECKING:
     from tokstream.shards.remote._session import Session
@@ -181,7 +185,7 @@ def _cached_map(
     return maps[0], marks, pages
 
 
-class RemoteTokens:
+class RemoteTokens(OnDemandTokens):
     """``count`` tokens of ``dtype`` at byte ``offset`` of a remote object, as an array base.
 
     ``np.asarray(remote_tokens)`` is the read-only token array over the object's map; the array
@@ -203,6 +207,22 @@ class RemoteTokens:
     def __repr__(self) -> str:
         return f"RemoteTokens({self.object.url!r}, offset={self.offset}, count={self.count})"
 
+    def residency(self, shards: Sequence[np.ndarray]) -> Residency:
+        remote = [tokens for tokens in map(remote_tokens_of, shards) if tokens is not None]
+        return Residency(remote)
+
+    def present(self, shard: np.ndarray, start: int, stop: int) -> np.ndarray:
+        """For Python code that reads tokens itself (an eos scan, a conversion) rather than
+        through a stream's kernels: the piece's bytes are fetched in GETs of
+        :data:`~tokstream.shards.remote._resident.PIECE_BYTES`, and the array returned keeps
+        them pinned in the cache for as long as it lives."""
+        piece = shard[start:stop]
+        residency = Residency([self])
+        begin, end = int(piece.ctypes.data), int(piece.ctypes.data) + piece.nbytes
+        firsts = np.arange(begin, end, PIECE_BYTES, dtype=np.uint64)
+        pin = residency.ensure(residency.requests_at(firsts, np.minimum(PIECE_BYTES, end - firsts)))
+        return np.asarray(_Pinned(piece, pin))
+
 
 def tokens_array(bytes_: ObjectBytes, offset: int, dtype: np.dtype, count: int) -> np.ndarray:
     """The read-only array of ``count`` tokens at ``offset`` of the object."""
@@ -219,3 +239,13 @@ def remote_tokens_of(array: np.ndarray) -> RemoteTokens | None:
     if isinstance(base, RemoteTokens) and array.shape == (base.count,):
         return base
     return None
+
+
+class _Pinned:
+    """An array's memory with a pin released when the last array over it is dropped."""
+
+    def __init__(self, array: np.ndarray, pin: Pin) -> None:
+        self.__array_interface__ = array.__array_interface__
+        self._array = array
+        # Dropping an array may happen anywhere, even under the cache's lock: deferred.
+        weakref.finalize(self, pin.release_later)

@@ -25,12 +25,13 @@ import numpy as np
 
 from tokstream._memory import available_memory
 from tokstream.formats import detect, llmc, megatron, npy, raw, tokenized
-from tokstream.formats._common import Shard, check_length, check_offsets
+from tokstream.formats.common import Shard, check_length, check_offsets
 from tokstream.shards.manifest import KIND as MANIFEST_KIND
+from tokstream.shards.manifest import MANIFEST_NAME
 from tokstream.shards.remote._client import Client, RemoteNotFoundError, RemoteOptions
 from tokstream.shards.remote._memory import ObjectBytes, tokens_array
 from tokstream.shards.remote._session import Session
-from tokstream.shards.remote._url import split_url
+from tokstream.shards.url import split_url
 
 #: Bytes of each file read at open: enough for every header tokstream reads (a .npy header of
 #: a 1-D array is 128 bytes; llm.c's 1024).
@@ -91,40 +92,49 @@ def open_remote(
 async def _expand(session: Session, url: str) -> list[tuple[str, str, int | None, str | None]]:
     """``(root, key, size or None, etag or None)`` of each object or dataset ``url`` names.
 
-    A pattern (``*``, ``?``, ``[`` in the key) lists the objects under its fixed prefix and
-    keeps those matching it segment by segment (``*`` stays within one ``/`` segment), sorted;
-    a Megatron pair counts once (as its ``.bin``) and a tokenize directory's document offsets
-    are left out. Anything else is one entry, resolved when opened.
+    A pattern (``*``, ``?``, ``[`` in the key) is matched segment by segment (``*`` stays
+    within one ``/`` segment): from the folder before its first pattern character, each level
+    is listed on its own (its objects and its folders) and only the folders matching the
+    pattern's segment there are descended into, so keys the pattern cannot match (a log
+    directory's, another tool's keys the client cannot even parse) are never listed. The
+    matches come sorted; a Megatron pair counts once (as its ``.bin``) and a tokenize
+    directory's document offsets are left out. Anything else is one entry, resolved when opened.
     """
     root, key = split_url(url)
     if not GLOB_CHARS & set(key):
         return [(root, key, None, None)]
     client = session.client(root)
-    # The store lists by whole path segments: the folder before the first pattern character.
-    fixed = re.split(r"[*?\[]", key, maxsplit=1)[0].rpartition("/")[0]
     parts = key.split("/")
-    listed = await client.list(fixed)
-    names = {name for name, _, _ in listed}
+    fixed = next(i for i, part in enumerate(parts) if GLOB_CHARS & set(part))
+    folders = ["/".join(parts[:fixed])]
+    for depth in range(fixed, len(parts) - 1):
+        below: list[str] = []
+        for folder in folders:
+            _, inside = await client.list_level(folder)
+            below.extend(f for f in inside if fnmatch.fnmatchcase(_last(f), parts[depth]))
+        folders = below
     found: list[tuple[str, str, int | None, str | None]] = []
-    for name, size, etag in listed:
-        segments = name.split("/")
-        if len(segments) != len(parts) or not all(
-            fnmatch.fnmatchcase(segment, part)
-            for segment, part in zip(segments, parts, strict=True)
-        ):
-            continue
-        if name.endswith(".idx") and name[:-4] + ".bin" in names:
-            continue  # a Megatron pair counts once, as its .bin
-        folder, _, base = name.rpartition("/")
-        if (
-            re.fullmatch(r"shard_\d+\.documents\.npy", base)
-            and (f"{folder}/{tokenized.MANIFEST}" if folder else tokenized.MANIFEST) in names
-        ):
-            continue  # a tokenize directory's document offsets, not tokens
-        found.append((root, name, size, etag))
+    for folder in folders:
+        listed, _ = await client.list_level(folder)
+        names = {name for name, _, _ in listed}
+        manifest = f"{folder}/{tokenized.MANIFEST}" if folder else tokenized.MANIFEST
+        for name, size, etag in listed:
+            base = _last(name)
+            if not fnmatch.fnmatchcase(base, parts[-1]):
+                continue
+            if name.endswith(".idx") and name[:-4] + ".bin" in names:
+                continue  # a Megatron pair counts once, as its .bin
+            if re.fullmatch(r"shard_\d+\.documents\.npy", base) and manifest in names:
+                continue  # a tokenize directory's document offsets, not tokens
+            found.append((root, name, size, etag))
     if not found:
         raise ValueError(f"token file pattern {url!r} matched no objects")
-    return found
+    return sorted(found)
+
+
+def _last(path: str) -> str:
+    """The last segment of a listed key or folder."""
+    return path.rstrip("/").rpartition("/")[2]
 
 
 class Listed(NamedTuple):
@@ -215,8 +225,6 @@ async def _open_directory(
 ) -> list[Shard] | Listed:
     """A directory holding a manifest (its ``manifest.json``), a ``tokstream tokenize``
     directory (its ``tokstream.json``), or a Megatron prefix."""
-    from tokstream.manifest import MANIFEST_NAME
-
     url = client.url(directory)
     try:
         body = await read_whole(session, client, f"{directory}/{MANIFEST_NAME}")

@@ -14,16 +14,15 @@ of those bytes is evicted before it returns.
 from __future__ import annotations
 
 import concurrent.futures
-import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tokstream.shards.remote._cache import Pin
-from tokstream.shards.remote._memory import ObjectBytes, remote_tokens_of
 
 if TYPE_CHECKING:  # the sessions (asyncio, the client) load with the first remote corpus
+    from tokstream.shards.remote._memory import ObjectBytes, RemoteTokens
     from tokstream.shards.remote._session import Request, Session
 
 Futures = Sequence[concurrent.futures.Future[None]]
@@ -37,15 +36,14 @@ PIECE_BYTES = 8 << 20
 
 
 class Residency:
-    """The remote shards of one corpus, by the address range of their tokens."""
+    """The remote shards of one corpus, by the address range of their tokens (``shards``: the
+    memory of each, at least one)."""
 
-    def __init__(self, shards: tuple[np.ndarray, ...]) -> None:
+    def __init__(self, shards: Sequence[RemoteTokens]) -> None:
         found = []
-        for shard in shards:
-            tokens = remote_tokens_of(shard)
-            if tokens is not None:
-                start = tokens.object.address + tokens.offset
-                found.append((start, start + tokens.count * tokens.dtype.itemsize, tokens))
+        for tokens in shards:
+            start = tokens.object.address + tokens.offset
+            found.append((start, start + tokens.count * tokens.dtype.itemsize, tokens))
         found.sort(key=lambda entry: entry[0])
         self._starts = np.array([entry[0] for entry in found], np.uint64)
         self._ends = np.array([entry[1] for entry in found], np.uint64)
@@ -61,22 +59,6 @@ class Residency:
         self._sessions = list(sessions.values())
         #: Windows to keep requested ahead of the batch being copied (see AHEAD_PER_GET).
         self.windows_ahead = AHEAD_PER_GET * max(s.options.max_in_flight for s in self._sessions)
-
-    @classmethod
-    def of(cls, shards: tuple[np.ndarray, ...]) -> Residency | None:
-        """The residency of these shards, or None when none of them is remote."""
-        if not any(remote_tokens_of(shard) is not None for shard in shards):
-            return None
-        return cls(shards)
-
-    @classmethod
-    def of_corpus(cls, corpus: Any) -> Residency | None:
-        """:meth:`of` a corpus' shards; None for a corpus whose shards are read on demand (a
-        manifest's: asking for its shards would map every one of them); a manifest in object
-        storage has its own (its source fetches in its readable hook)."""
-        if corpus.source is not None:
-            return getattr(corpus.source, "residency", None)
-        return cls.of(corpus.shards)
 
     def requests_at(self, addresses: np.ndarray, nbytes: np.ndarray | int) -> list[Request]:
         """The object byte ranges of reads of ``nbytes`` at ``addresses`` (remote ones only),
@@ -196,43 +178,3 @@ class _Advisor:
             waited = self._waited or ()
             self._fetch(self._space, windows_index, [f for f in waited if not f.done()])
         return max(1, int(windows_index.shape[0]))
-
-
-def reads_object_storage(source: Any) -> bool:
-    """Whether any shard of a corpus (or of a mixture's sources) lives in object storage."""
-    sources = getattr(source, "sources", None)  # a tokstream.mix() mixture
-    corpora = list(sources.values()) if isinstance(sources, dict) else [source]
-    return any(
-        getattr(corpus.source, "remote", False)
-        or (corpus.source is None and any(remote_tokens_of(s) is not None for s in corpus.shards))
-        for corpus in corpora
-    )
-
-
-def present(shard: np.ndarray, start: int = 0, stop: int | None = None) -> np.ndarray:
-    """``shard[start:stop]``, its bytes fetched first when the shard is remote.
-
-    For Python code that reads tokens itself (an eos scan, a conversion) rather than through
-    a stream's kernels: remote bytes not yet fetched (or evicted since) read as zeros. The
-    array returned keeps its bytes pinned in the cache for as long as it lives (read through
-    it, not through ``shard``).
-    """
-    stop = shard.shape[0] if stop is None else min(stop, shard.shape[0])
-    piece = shard[start:stop]
-    residency = Residency.of((shard,))
-    if residency is None or piece.shape[0] == 0:
-        return piece
-    begin, end = int(piece.ctypes.data), int(piece.ctypes.data) + piece.nbytes
-    firsts = np.arange(begin, end, PIECE_BYTES, dtype=np.uint64)
-    pin = residency.ensure(residency.requests_at(firsts, np.minimum(PIECE_BYTES, end - firsts)))
-    return np.asarray(_Pinned(piece, pin))
-
-
-class _Pinned:
-    """An array's memory with a pin released when the last array over it is dropped."""
-
-    def __init__(self, array: np.ndarray, pin: Pin) -> None:
-        self.__array_interface__ = array.__array_interface__
-        self._array = array
-        # Dropping an array may happen anywhere, even under the cache's lock: deferred.
-        weakref.finalize(self, pin.release_later)

@@ -1,8 +1,8 @@
 """What names object storage: URL schemes and the ``(root, key)`` of a URL.
 
-Apart from the client and the opener so that telling a URL from a path (every ``open_tokens``
-call does) imports neither asyncio nor the object-store client: a process reading local files
-never pays for them.
+Apart from the object-storage package (:mod:`tokstream.shards.remote`), so that telling a URL
+from a path (every ``open_tokens`` call does) imports neither asyncio nor the object-store client,
+and works where that package is not installed: a process reading local files never pays for it.
 """
 
 from __future__ import annotations
