@@ -92,7 +92,10 @@ def _grain_windows(ids: np.ndarray) -> Iterator[Any]:
 
 
 def _tokstream_windows(ids: np.ndarray) -> Iterator[Any]:
-    dataset = TokenIterDataset(ids, BLOCK, BATCH, targets="shifted", epochs=EPOCHS, seed=0)
+    # The implicit order, as Grain's shuffle: a keyed permutation evaluated per index.
+    dataset = TokenIterDataset(
+        ids, BLOCK, BATCH, targets="shifted", permutation="implicit", epochs=EPOCHS, seed=0
+    )
     return iter(dataset)
 
 
