@@ -3,7 +3,10 @@
 - ``test_adapter_rate``: ``stream_token_source``, ``tokstream.grain.TokenIterDataset`` and
   ``tokstream.jax.global_batches`` (one CPU device, and four) at block 2048 x 16, shuffled, the
   same stream options on every side (the JAX path's: int32, implicit order, whole batches), the
-  first batch checked identical on every side (target: each adapter at most 10% slower a batch);
+  first batch checked identical on every side (target: each adapter at most 10% slower a
+  batch); beside the JAX path, the stream's batches put on the same devices with one
+  ``jax.device_put`` each, the transfer any JAX loader pays (the JAX path's ratio to it is what
+  the adapter adds);
 - ``test_grain_pipeline_rate`` and ``test_grain_pipeline_first_batch``: shuffled windows of
   2049 tokens in batches of 16 from ``TokenIterDataset(targets="shifted")`` beside Grain's own
   pipeline over the same in-memory tokens (``MapDataset.source`` of the windows, ``.shuffle``,
@@ -29,7 +32,8 @@ jax = pytest.importorskip("jax")
 # Before JAX's backend is made: four CPU devices in this process, for the sharded side.
 jax.config.update("jax_num_cpu_devices", 4)
 
-from jax.sharding import Mesh  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from tokstream import Corpus, stream_token_source  # noqa: E402
 from tokstream.grain import TokenIterDataset  # noqa: E402
@@ -52,21 +56,36 @@ def _drain(batches: Iterator[Any], count: int, ready: Callable[[Any], Any] = lam
     return batch
 
 
+def _placed(batches: Iterator[Any], sharding: Any) -> Iterator[Any]:
+    """The stream's batches put on the devices as they are: what any JAX loader pays."""
+    for batch in batches:
+        yield jax.device_put(batch, (sharding, sharding))
+
+
 def _sides(ids: np.ndarray) -> dict[str, Callable[[], Iterator[Any]]]:
-    devices = np.array(jax.devices())
+    devices = np.array(jax.devices())[:4]
+    one, every = Mesh(devices[:1], ("data",)), Mesh(devices, ("data",))
+    count = len(devices)
     return {
         "tokstream": lambda: stream_token_source(ids, BLOCK, BATCH, **OPTIONS),
         "grain TokenIterDataset": lambda: iter(TokenIterDataset(ids, BLOCK, BATCH, **OPTIONS)),
-        "jax global_batches 1 device": lambda: global_batches(
-            ids, BLOCK, BATCH, Mesh(devices[:1], ("data",)), **OPTIONS
+        "stream + device_put 1 device": lambda: _placed(
+            stream_token_source(ids, BLOCK, BATCH, **OPTIONS), NamedSharding(one, P("data"))
         ),
-        f"jax global_batches {len(devices[:4])} devices": lambda: global_batches(
-            ids, BLOCK, BATCH, Mesh(devices[:4], ("data",)), **OPTIONS
+        "jax global_batches 1 device": lambda: global_batches(ids, BLOCK, BATCH, one, **OPTIONS),
+        f"stream + device_put {count} devices": lambda: _placed(
+            stream_token_source(ids, BLOCK, BATCH, **OPTIONS), NamedSharding(every, P("data"))
+        ),
+        f"jax global_batches {count} devices": lambda: global_batches(
+            ids, BLOCK, BATCH, every, **OPTIONS
         ),
     }
 
 
-@pytest.mark.parametrize("side", range(4), ids=["stream", "grain", "jax-1", "jax-4"])
+SIDES = ["stream", "grain", "put-1", "jax-1", "put-4", "jax-4"]
+
+
+@pytest.mark.parametrize("side", range(len(SIDES)), ids=SIDES)
 @pytest.mark.parametrize("dtype", ["uint16", "int64"])
 def test_adapter_rate(measure, settings, corpora, dtype, side) -> None:
     ids = corpora[dtype]
