@@ -59,7 +59,7 @@ def _drain(batches: Iterator[Any], count: int, ready: Callable[[Any], Any] = lam
 def _placed(batches: Iterator[Any], sharding: Any) -> Iterator[Any]:
     """The stream's batches put on the devices as they are: what any JAX loader pays."""
     for batch in batches:
-        yield jax.device_put(batch, (sharding, sharding))
+        yield jax.device_put(batch, (sharding, sharding), may_alias=True)
 
 
 def _sides(ids: np.ndarray) -> dict[str, Callable[[], Iterator[Any]]]:

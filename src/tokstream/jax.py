@@ -117,8 +117,9 @@ class GlobalBatches(Iterator[Any]):
             tokens = {"windows": True, "targets": local[1].ndim == 2}
         shardings = {k: self._token_sharding if tokens[k] else self._batch_sharding for k in arrays}
         if self._fully_addressable:
-            # Every device is this process': one transfer of the whole batch.
-            placed = jax.device_put(arrays, shardings)
+            # Every device is this process': one transfer of the whole batch. The batch is fresh
+            # memory nothing else refers to (reuse_buffers is refused), so JAX may keep it.
+            placed = jax.device_put(arrays, shardings, may_alias=True)
         else:
             placed = {
                 k: jax.make_array_from_process_local_data(
