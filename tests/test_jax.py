@@ -213,3 +213,22 @@ def test_two_processes_of_two_devices_read_their_rows_and_resume_on_one_process(
     again = _run(2, 2, {**JOB, **mesh, "state": resumed["state"]})
     assert [r["rows"] for r in again] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert again[0]["state"] == again[1]["state"]
+
+
+def test_a_process_never_reads_the_pages_of_rows_it_does_not_hold(tmp_path):
+    # Non-overlapping windows of 2049 uint16 tokens: a window is about one page of its own, so
+    # most pages belong to one row's window; each process streams its own copy of the file,
+    # evicted from the page cache first, and counts which pages became resident.
+    job = {
+        **JOB,
+        "tokens": 4_000_000,
+        "block": 2048,
+        "options": dict(seed=1, stride=2048, epochs=1),
+        "steps": 30,
+        "reads": str(tmp_path),
+    }
+    reports = _run(2, 2, job)
+    for report in reports:
+        assert report["pages read"]["own"] >= 30 * 4  # what it streamed was read
+        assert report["pages read"]["pages of other rows only"] > 100  # the test can fail
+        assert report["pages read"]["other rows' only"] == 0

@@ -223,7 +223,7 @@ class TokenStream(Iterator[Batch]):
             )
             pieces = _batch.fill(self._fill, windows_index, buffers, "cu_seqlens" in options.extras)
             order.fill_extras(windows_index, buffers)
-            batch = _batch.assemble(buffers, options.extras, pieces)
+            batch = _batch.assemble(buffers, options.extras, pieces, options.labels_ignore_index)
         else:
             # The plain batch, without the buffer bookkeeping (the fixed cost small batches feel).
             if options.reuse_buffers:
@@ -483,6 +483,10 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
     out_dtype
         ``"int64"`` (default) or ``"int32"``: the dtype of windows, targets and position ids,
         written by the copy itself; a batch holding a token int32 cannot hold raises ValueError.
+    labels_ignore_index
+        Written into ``"labels"`` wherever the loss mask is False (``-100``: what a Hugging
+        Face causal LM's loss ignores), so that a batch goes into ``model(**batch)`` as it is;
+        the batch carries ``"loss_mask"`` too. None (default): labels are tokens.
 
     Returns
     -------
