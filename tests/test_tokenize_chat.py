@@ -308,7 +308,8 @@ def test_packed_batches_train_exactly_each_conversations_assistant_pairs(
     for batch in stream:
         keep = batch["labels"] != -100
         assert np.array_equal(keep, batch["loss_mask"])
-        trained.update(zip(batch["input_ids"][keep].tolist(), batch["labels"][keep].tolist()))
+        inputs, labels = batch["input_ids"][keep].tolist(), batch["labels"][keep].tolist()
+        trained.update(zip(inputs, labels, strict=True))
     wanted: Counter = Counter()
     for e in expected:
         ids = e.ids.tolist()
