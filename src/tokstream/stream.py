@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tokstream import _batch, _state, _validate
+from tokstream import _batch, _loss_masks, _state, _validate
 from tokstream._batch import Batch
 from tokstream._options import StreamOptions, expose_options, stream_signature
 from tokstream._prefetch import Prefetcher
@@ -214,6 +214,8 @@ class TokenStream(Iterator[Batch]):
                 else self._fresh.take_named(count)
             )
             pieces = self._fill.into(windows_index, buffers, "cu_seqlens" in options.extras)
+            if self._plan.masks is not None:
+                _loss_masks.apply(self._plan.masks, windows_index, buffers)
             order.fill_extras(windows_index, buffers)
             batch = _batch.assemble(buffers, options.extras, pieces, options.labels_ignore_index)
         else:

@@ -25,10 +25,12 @@ from :mod:`tokstream._options`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from tokstream import _state
+from tokstream._loss_masks import mask_corpus
 from tokstream._options import StreamOptions
 from tokstream.corpus import Corpus
 from tokstream.mixture import Mixture, mixture_of
@@ -64,6 +66,9 @@ class Plan:
     order: WindowOrder
     fill: Fill
     options: StreamOptions
+    #: The fill of the corpus' recorded loss masks and its options, ANDed into each batch's
+    #: loss mask (:mod:`tokstream._loss_masks`); None when there are none to stream.
+    masks: tuple[Fill, StreamOptions] | None = None
 
     def fingerprint(self) -> dict[str, Any]:
         """The state dict's ``config``: everything that decides the global sample sequence.
@@ -128,10 +133,50 @@ def plan(source: Corpus | Mixture, options: StreamOptions) -> Plan:
         else:
             packed = PackedMixtureSpace(mixture, options)
             order = PackedMixtureOrder(mixture, packed, options)
-        return Plan(corpus, packed, order, PackedFill(packed, options), options)
+        fill: Fill = PackedFill(packed, options)
+        return Plan(corpus, packed, order, fill, options, mask_fill(corpus, mixture, options))
     windows = window_space(corpus, options)
     if mixture is None:
         order = WindowOrder(windows.num_windows, options)
     else:
         order = MixtureOrder(mixture, windows, options)
-    return Plan(corpus, windows, order, WindowFill(windows, options), options)
+    fill = WindowFill(windows, options)
+    return Plan(corpus, windows, order, fill, options, mask_fill(corpus, mixture, options))
+
+
+def mask_fill(
+    corpus: Corpus, mixture: Mixture | None, options: StreamOptions
+) -> tuple[Fill, StreamOptions] | None:
+    """The fill (and its options) that copies the recorded loss masks of a stream's labels;
+    None when the source records no mask or the stream's batches carry none.
+
+    The masks are a corpus of their own (:func:`tokstream._loss_masks.mask_corpus`) with the
+    stream's shard lengths and document boundaries, so the same kind of space numbers the same
+    samples over it. A mixture whose sources record masks is refused (ValueError) rather than
+    streamed without them.
+    """
+    if "loss_mask" not in options.extras:
+        return None
+    if mixture is not None:
+        masked = [name for name, c in mixture.sources.items() if c.loss_masks is not None]
+        if masked:
+            raise ValueError(
+                f"mixture sources {masked} record loss masks, which a mixture does not stream "
+                "yet; stream each source on its own"
+            )
+        return None
+    if corpus.loss_masks is None:
+        return None
+    masks = mask_corpus(corpus, options)
+    own = dataclasses.replace(
+        options,
+        eos=None,
+        extras=(),
+        pad=0 if options.packed else None,
+        labels_ignore_index=None,
+        prefetch=0,
+        reuse_buffers=0,
+    )
+    if options.packed:
+        return PackedFill(PackedSpace(masks, own), own), own
+    return WindowFill(window_space(masks, own), own), own
