@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args, get_type_hints
 
 import numpy as np
 
+from tokstream._repetition import RepetitionFilter, instance_filter
 from tokstream._validate import (
     INT32_MAX,
     choice,
@@ -76,6 +77,7 @@ class StreamOptions:
     samples: int | None = None
     pad: int | None = None
     out_dtype: OutDtype = "int64"
+    instance_filter: RepetitionFilter | None = None
 
     @classmethod
     def create(
@@ -167,6 +169,10 @@ class StreamOptions:
         output = out_dtype(values["out_dtype"])
         if output == "int32":
             _int32_checks(block, pad)
+        repetition = instance_filter(values["instance_filter"])
+        if repetition is not None:
+            # A filtered row's loss mask is cleared (OLMo-core's convention).
+            extras = tuple(dict.fromkeys(("loss_mask", *extras)))
         return cls(
             block=block,
             batch_size=batch_size,
@@ -187,6 +193,7 @@ class StreamOptions:
             samples=samples,
             pad=pad,
             out_dtype=output,
+            instance_filter=repetition,
         )
 
     @property
