@@ -138,6 +138,24 @@ def corpora(corpus_int64: np.ndarray, corpus_uint16: np.ndarray) -> dict[str, np
     return {"int64": corpus_int64, "uint16": corpus_uint16}
 
 
+@pytest.fixture(scope="session")
+def check_rows_in() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+    """``check_rows_in(tokens, windows, next_tokens)``: each of the first 32 rows is ``block``
+    consecutive tokens of ``tokens`` followed by its next token (found by its first token, then
+    compared whole): for sides whose rows come in an order of their own."""
+
+    def check(tokens: np.ndarray, windows: np.ndarray, next_tokens: np.ndarray) -> None:
+        block = windows.shape[1]
+        for row, after in zip(windows[:32], next_tokens[:32], strict=False):
+            starts = np.flatnonzero(tokens[: tokens.shape[0] - block] == row[0])
+            assert any(
+                np.array_equal(tokens[s : s + block], row) and tokens[s + block] == after
+                for s in starts
+            ), "a row is not a run of the corpus' tokens"
+
+    return check
+
+
 #: Mean tokens of a document of the documents corpus.
 MEAN_DOCUMENT = 2000
 

@@ -33,18 +33,6 @@ def sources_of(ids: np.ndarray) -> dict[str, np.ndarray]:
     return {name: ids[cuts[i] : cuts[i + 1]] for i, name in enumerate(WEIGHTS)}
 
 
-def check_rows_in(tokens: np.ndarray, windows: np.ndarray, next_tokens: np.ndarray) -> None:
-    """Each of the first rows is ``block`` consecutive tokens of ``tokens`` followed by its next
-    token (found by its first token, then compared whole)."""
-    block = windows.shape[1]
-    for row, after in zip(windows[:32], next_tokens[:32], strict=False):
-        starts = np.flatnonzero(tokens[: tokens.shape[0] - block] == row[0])
-        assert any(
-            np.array_equal(tokens[s : s + block], row) and tokens[s + block] == after
-            for s in starts
-        ), "a mixture's window is not a run of its sources' tokens"
-
-
 @pytest.fixture(scope="module")
 def ways(corpus_uint16) -> dict[str, Any]:
     sources = sources_of(corpus_uint16)
@@ -62,7 +50,7 @@ def take(batches: Iterator[Any], count: int) -> None:
 
 @pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{b}x{n}" for b, n in SHAPES])
-def test_mixture(measure, settings, corpus_uint16, ways, shape, way) -> None:
+def test_mixture(measure, settings, corpus_uint16, check_rows_in, ways, shape, way) -> None:
     block, batch_size = shape
     batches = stream_token_source(
         ways[way], block, batch_size, epochs=10**6, seed=settings.seed, permutation="implicit"

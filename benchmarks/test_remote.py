@@ -167,7 +167,7 @@ def test_remote_rate(measure, settings, store, shape, delay, side) -> None:
     block, batch_size = shape
     store["proxy"].configure(delay_ms=delay)
     group = f"object storage block={block} batch={batch_size} delay={delay} ms"
-    reads = settings.size(2048, batch_size)
+    reads = settings.size(1024, batch_size)
     if side == "store":
         client = obstore_of(store)
         size = 2 * (block + 1)

@@ -1,7 +1,7 @@
 """``tokstream tokenize`` against its encoder's own speed, by engine and worker count.
 
 Real text (documentation and source files found on this machine, one document per file, as
-JSON Lines; 20 MB, 200 MB with ``--bench-large``) tokenized with a GPT-2-style byte-level BPE
+JSON Lines; 5 MB, 200 MB with ``--bench-large``) tokenized with a GPT-2-style byte-level BPE
 trained here on a tenth of it and, when tiktoken is installed, with tiktoken running the same BPE
 (its ranks in a tiktoken cache of the run's own, as ``tests/tiktoken_offline.py`` builds it);
 nothing is downloaded. Needs ``tokenizers`` (skipped without it). One group per (encoder,
@@ -103,7 +103,7 @@ def offline_tiktoken(tokenizer_file: Path, scratch: Path) -> str:
 def text(settings, tmp_path_factory) -> dict[str, Any]:
     """The JSON Lines corpus, its ranges' size and the trained tokenizer."""
     pytest.importorskip("tokenizers")
-    megabytes = 200.0 if settings.large and not settings.tiny else settings.size(20, 0.3)
+    megabytes = 200.0 if settings.large and not settings.tiny else settings.size(5, 0.3)
     documents = gather_text(megabytes)
     if not documents:
         pytest.skip(f"no text found under {', '.join(TEXT_ROOTS)}")
@@ -289,6 +289,7 @@ def test_tokenize(measure, settings, text, request, label, workers, side) -> Non
             subject="local",
             units=workers * tokens,
             unit="Mtokens/s",
+            rounds=settings.size(3, 1),
         )
         return
     if side == "encoders at once":

@@ -254,7 +254,7 @@ class TokenStream(Iterator[Batch]):
                     options.windows == "packed",
                     buffers["instance_mask"],
                 )
-            batch = _batch.assemble(buffers, options.extras, pieces)
+            batch = _batch.assemble(buffers, options.extras, pieces, options.labels_ignore_index)
         else:
             # The plain batch, without the buffer bookkeeping (the fixed cost small batches feel).
             if options.reuse_buffers:
@@ -521,6 +521,10 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
         the target after it; in packed rows, in one of its documents' pieces) keeps its place
         with its loss mask all False, and the batch's ``"instance_mask"`` is False for it;
         :meth:`TokenStream.stats` counts such rows.
+    labels_ignore_index
+        Written into ``"labels"`` wherever the loss mask is False (``-100``: what a Hugging
+        Face causal LM's loss ignores), so that a batch goes into ``model(**batch)`` as it is;
+        the batch carries ``"loss_mask"`` too. None (default): labels are tokens.
 
     Returns
     -------

@@ -65,6 +65,20 @@ def splittable(path: Path, document_per_file: bool) -> bool:
     )
 
 
+def line_start(path: Path, offset: int) -> int:
+    """The first byte at or after ``offset`` (at least 1) that begins a line of ``path``, or
+    its size: where a range of whole lines may end. Reads only up to the next newline."""
+    with open(path, "rb") as f:
+        f.seek(offset - 1)
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                return f.tell()
+            at = chunk.find(b"\n")
+            if at >= 0:
+                return f.tell() - len(chunk) + at + 1
+
+
 def check_chat_input(path: Path) -> None:
     """A ``--chat`` input must be JSON Lines or Parquet: a ValueError naming a text file."""
     if input_kind(path) == "text":
