@@ -33,7 +33,8 @@ extensions = [
     )
     # The window kernel (the loop that fills a batch's windows); the other kernels
     # (src/tokstream/_kernels/): the document gather, one corpus's implicit order, the mixture's
-    # order, read-ahead advice for memory-mapped corpora, packed rows (best fit; the rows' copy).
+    # order, read-ahead advice for memory-mapped corpora, packed rows (best fit; the rows' copy),
+    # the repetition filter.
     # Then the plain C loop that benchmarks hold the kernels to and the device's random-read
     # rate that the cold-cache benchmark holds read-ahead to.
     for name in (
@@ -44,6 +45,7 @@ extensions = [
         "_kernels.advice",
         "_kernels.pack",
         "_kernels.packed_copy",
+        "_kernels.repetition",
         "bench._loop",
         "bench._device",
     )

@@ -17,7 +17,8 @@ from pathlib import Path
 #: What the README's venv lacks: the packages, the S3 server's fixtures and helper, and the
 #: check of tokstream.bench.baselines for PyTorch.
 EXTRAS = {
-    "torch", "torchdata", "datasets", "obstore", "moto", "tiktoken",
+    "torch", "torchdata", "datasets", "obstore", "moto", "tiktoken", "jinja2", "transformers",
+    "trl",
     "s3_server", "s3_bucket", "proxied_bucket", "s3_env", "fault_proxy", "require_remote",
     "torch_available",
 }  # fmt: skip

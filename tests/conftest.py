@@ -22,6 +22,7 @@ NEEDS_EXTRA = {
     "test_torch_groups.py": "torch",
     "test_packing_torch.py": "torch",
     "test_grain.py": "grain",
+    "test_jax.py": "jax",
 }
 collect_ignore = [
     module for module, extra in NEEDS_EXTRA.items() if importlib.util.find_spec(extra) is None

@@ -237,3 +237,45 @@ def test_an_assistant_message_with_no_trained_token_is_a_bad_conversation(root, 
     bad = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "skip"}]}
     with pytest.raises(BadConversation, match="no trained token"):
         encoder.encode(bad)
+
+
+DOCS_RECORD = {
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Colour?"},
+        {"role": "assistant", "content": "Blue."},
+    ]
+}
+DOCS_NAMES = {
+    "llama3": "Llama 3",
+    "qwen2_5": "Qwen 2.5",
+    "gemma3": "Gemma 3",
+    "qwen3": "Qwen 3",
+    "phi3": "Phi-3",
+}
+
+
+def marked(encoder: ChatEncoder, record) -> str:
+    """The rendered conversation with its trained tokens' characters between ⟦ and ⟧."""
+    text, _ = encoder.render(record["messages"])
+    mask = encoder.encode(record).mask
+    pieces, position, inside = [], 0, False
+    for (start, _), trained in zip(encoder.tokenize(text).offsets, mask, strict=True):
+        if trained != inside:
+            pieces += [text[position:start], "⟦" if trained else "⟧"]
+            position, inside = start, trained
+    return "".join([*pieces, text[position:], "⟧" if inside else ""])
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_fine_tuning_docs_show_each_familys_mask_as_it_is(root, family):
+    from pathlib import Path
+
+    docs = (Path(__file__).parent.parent / "docs" / "fine-tuning.md").read_text()
+    training = family not in MASKED
+    which = "TRL's training template" if training else "stock template"
+    encoder = ChatEncoder(load_spec(_directory(root, family, training)))
+    block = f"{DOCS_NAMES[family]} ({which}):\n\n```text\n{marked(encoder, DOCS_RECORD)}\n```"
+    assert block in docs

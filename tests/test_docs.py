@@ -17,7 +17,7 @@ import pytest
 
 import tokstream
 from tokstream import _windows
-from tokstream._kernels import advice, documents, mixture, order, pack, packed_copy
+from tokstream._kernels import advice, documents, mixture, order, pack, packed_copy, repetition
 from tokstream.bench import _device, _loop
 
 # Modules whose import has a side effect (the command line runs).
@@ -100,6 +100,7 @@ COMPILED = {
     "_kernels.advice": advice,
     "_kernels.pack": pack,
     "_kernels.packed_copy": packed_copy,
+    "_kernels.repetition": repetition,
     "bench._loop": _loop,
     "bench._device": _device,
 }
@@ -117,6 +118,7 @@ COMPILED = {
         ("_kernels.advice", "resident_fraction", "tokens"),
         ("_kernels.pack", "best_fit", "lengths, capacity, rows"),
         ("_kernels.packed_copy", "fill_packed", "anchor, addresses, lengths"),
+        ("_kernels.repetition", "filter_repeated", "input_ids, last_tokens, loss_mask"),
         ("bench._loop", "copy_windows", "tokens, starts, windows"),
         ("bench._device", "read_at", "fd, offsets, buffer"),
     ],
@@ -231,6 +233,8 @@ def test_every_python_block_of_the_docs_runs_as_pasted(
 ):
     for name in sorted(_imported_roots(code) & _OPTIONAL_IN_BLOCKS):
         pytest.importorskip(name)
+    if "chat=True" in code:  # tokenize's chat extra: jinja2 renders the templates
+        pytest.importorskip("jinja2")
     monkeypatch.chdir(tmp_path)  # blocks that write files write them here
     exec(compile(code, f"{document.name} block {index}", "exec"), {"__name__": "__docs__"})
 

@@ -57,7 +57,9 @@ def test_the_ray_engine_without_ray_is_one_line_naming_the_extra_and_writes_noth
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(("module", "extra"), [("tokstream.grain", "grain")])
+@pytest.mark.parametrize(
+    ("module", "extra"), [("tokstream.grain", "grain"), ("tokstream.jax", "jax")]
+)
 def test_an_adapter_without_its_library_says_how_to_install_it(monkeypatch, module, extra):
     monkeypatch.setitem(sys.modules, extra, None)  # makes `import grain` fail
     monkeypatch.delitem(sys.modules, module, raising=False)

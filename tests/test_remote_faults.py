@@ -10,6 +10,7 @@ server; the proxy's rules pick which requests fail and how, and its log shows th
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -155,3 +156,43 @@ def test_a_refused_credential_is_an_error_at_once_not_retried_until_the_deadline
     assert url.rsplit("/", 1)[0] in str(error.value)  # the listing of the pattern's folder
     # Not retried until the deadline: a handful of requests at most.
     assert len(faults(proxied_bucket.proxy, "status")) < 10
+
+
+#: The store gone: a short deadline, few requests in flight and a batch of many windows, so
+#: that a batch failing range after range would take many deadlines.
+DEAD = dict(max_in_flight=2, timeout=0.5, deadline=2.0, backoff=0.01, max_backoff=0.2)
+#: A generous bound on one next() with the store gone: a few deadlines, where a batch of 32
+#: windows failing range after range, two at a time, would take about 16.
+DEAD_SECONDS = 4 * DEAD["deadline"] + 4
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+@pytest.mark.parametrize("gone", ["drop", "stall", "503"])
+def test_with_the_store_gone_next_fails_within_a_deadline_and_resumes_once_it_is_back(
+    proxied_bucket, tmp_path, prefetch, gone
+):
+    data = tmp_path / "wide"
+    data.mkdir()
+    # Windows far apart: each of a batch's 32 windows is a range GET of its own.
+    spec = WRITERS["npy"](data, documents(count=60, seed=8, longest=2000))
+    proxied_bucket.upload(data, prefix="wide")
+    local = tokstream.open_tokens(str(data / spec))
+    url = proxied_bucket.url(f"wide/{spec}")
+    corpus = open_remote(url, **DEAD)
+    expected = as_list(stream(local, epochs=1))[:6]
+    batches = stream(corpus, prefetch=prefetch)
+    delivered = as_list([next(batches)])
+    rule = {"drop": TRANSIENT["drop"], "stall": TRANSIENT["stall"], "503": TRANSIENT["503"]}[gone]
+    proxied_bucket.proxy.configure(rules=[rule])  # every request fails from now on
+    began = time.monotonic()
+    with pytest.raises(remote.RemoteReadError) as error:
+        next(batches)
+    elapsed = time.monotonic() - began
+    assert elapsed < DEAD_SECONDS, f"{elapsed:.1f} s with the store gone"
+    folder = url.rsplit("/", 1)[0]
+    assert re.search(re.escape(folder) + r"/shard_\d{3}\.npy bytes \[\d+, \d+\)", str(error.value))
+    # Back: the same batch comes again, then the rest, none lost, repeated or mixed.
+    proxied_bucket.proxy.configure()
+    delivered.extend(as_list(next(batches) for _ in range(len(expected) - 1)))
+    assert_same(delivered, expected)
+    batches.close()

@@ -208,7 +208,7 @@ def test_an_interrupt_keeps_the_shards_made_before_it(tmp_path, tokenizer_file, 
         )
     assert not tokenized.load(out)["complete"] and "4 shards written" in calls[-1]
     made = sorted(p.name for p in out.glob("shard_*.documents.npy"))
-    assert made == [f"shard_{i:06d}.documents.npy" for i in range(4)]
+    assert len(made) == 4  # the largest ranges first, whichever they are
     result = tokenize_files(inputs, str(tokenizer_file), out, shard_bytes=10000)
     assert result.resumed_documents == sum(np.load(out / name).shape[0] - 1 for name in made)
     assert result.documents == len(TEXTS)
@@ -310,7 +310,7 @@ def test_a_run_that_failed_on_a_bad_line_is_rerun_cleanly_once_fixed(
     out = tmp_path / "out"
     with pytest.raises(ValueError, match=r"b\.jsonl, line 501: not JSON"):
         tokenize_files(inputs, str(tokenizer_file), out, shard_bytes=30000)
-    assert (out / "shard_000000.npy").exists()  # it had made shards of a.txt before it failed
+    assert not tokenized.load(out)["complete"]  # the failed run's record is left
     bad.write_text(good)
     tokenize_files(inputs, str(tokenizer_file), out, shard_bytes=30000)
     clean = tmp_path / "clean"

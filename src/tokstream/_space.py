@@ -37,14 +37,14 @@ def cache_ahead(block: int, dtype: np.dtype) -> int:
     software prefetch), for a random order.
 
     Found by sweeping distances 0-64 over block 8-3072, int64 and uint16 corpora in and beyond
-    the last-level cache (``benchmarks/prefetch_sweep.py``): the best distance keeps about
-    ``CACHE_AHEAD_BYTES`` (32 cache lines) of window data in flight, e.g. 28 windows of 8 int64
-    tokens, 7 of 128 uint16 tokens, one of 1024 uint16 tokens or of 128 int64 tokens. Windows
-    longer than 33 cache lines (a 2 KiB window) are better off without: the hardware prefetcher
-    streams each after its first lines, and the extra instructions cost up to 3x. The same rule
-    holds for windows of the output dtype, which are copied by ``memcpy``: a stream of int64
-    windows of 129 tokens with shifted targets (two copies a window) ran 1.4-1.6x faster with one
-    or two windows requested ahead than with none.
+    the last-level cache (``test_prefetch_sweep`` in ``benchmarks/test_gather.py``): the best
+    distance keeps about ``CACHE_AHEAD_BYTES`` (32 cache lines) of window data in flight, e.g.
+    28 windows of 8 int64 tokens, 7 of 128 uint16 tokens, one of 1024 uint16 tokens or of 128
+    int64 tokens. Windows longer than 33 cache lines (a 2 KiB window) are better off without:
+    the hardware prefetcher streams each after its first lines, and the extra instructions cost
+    up to 3x. The same rule holds for windows of the output dtype, which are copied by
+    ``memcpy``: a stream of int64 windows of 129 tokens with shifted targets (two copies a
+    window) ran 1.4-1.6x faster with one or two windows requested ahead than with none.
     """
     window_bytes = (block + 1) * dtype.itemsize
     if window_bytes > 33 * 64:
@@ -59,7 +59,7 @@ def rows_ahead(block: int, dtype: np.dtype) -> int:
     About twice :data:`CACHE_AHEAD_BYTES` of rows (``block + 1`` slots of ``dtype`` tokens),
     none for rows longer than that, which the hardware prefetcher streams: a row of 129 int64
     tokens 3 ahead, of 1025 uint16 tokens one, of 1025 int64 tokens none. Measured on the
-    documents corpus of ``benchmarks/out_dtype.py`` (load ~10): the kernel's time at block 128
+    documents corpus of ``benchmarks/test_out_dtype.py`` (load ~10): the kernel's time at block 128
     fell by a third with 2-4 rows ahead, at block 1024 it did not change.
     """
     row_bytes = (block + 1) * dtype.itemsize

@@ -64,6 +64,9 @@ class Corpus:
     of formats that store documents record their boundaries.
     """
 
+    #: Per shard, the loss mask its tokens came with (None: no mask recorded).
+    _loss_masks: tuple[np.ndarray, ...] | None = None
+
     def __init__(self, shards: Sequence[Any], name: str = "shards") -> None:
         if isinstance(shards, (np.ndarray, str, bytes)) or not isinstance(shards, Sequence):
             raise TypeError(
@@ -269,6 +272,52 @@ class Corpus:
         self._document_boundaries = frozen(boundaries)
 
     @property
+    def loss_masks(self) -> tuple[np.ndarray, ...] | None:
+        """Per shard, a read-only uint8 array of its length, 1 where a loss trains on the token
+        (the assistant's tokens of a ``tokstream tokenize --chat`` run); None when the corpus
+        records no mask (every token is trained)."""
+        return self._loss_masks
+
+    def with_loss_masks(self, masks: Sequence[Any]) -> Corpus:
+        """This corpus (its shards and documents shared) with ``masks``: per shard, a 1-D array
+        of its length, of bools or of 0 and 1, 1 where a loss trains on the token.
+
+        Raises TypeError for a mask that is not an array of bools or integers, ValueError for
+        one of another length than its shard, with values other than 0 and 1, or a count of
+        masks other than the shards'.
+        """
+        if isinstance(masks, (np.ndarray, str, bytes)) or not isinstance(masks, Sequence):
+            raise TypeError(f"masks must be a sequence of 1-D arrays, got {type(masks).__name__}")
+        if len(masks) != len(self._lengths):
+            raise ValueError(f"masks holds {len(masks)} masks for {len(self._lengths)} shards")
+        checked = []
+        for j, mask in enumerate(masks):
+            array = np.asarray(mask)
+            if array.dtype.kind not in "biu":
+                raise TypeError(f"masks[{j}] must hold bools or 0 and 1, got {array.dtype}")
+            if array.ndim != 1 or array.shape[0] != self._lengths[j]:
+                raise ValueError(
+                    f"masks[{j}] has shape {array.shape}, shard {j} holds "
+                    f"{int(self._lengths[j])} tokens"
+                )
+            if array.dtype != np.uint8:
+                if array.dtype.kind != "b" and np.count_nonzero((array != 0) & (array != 1)):
+                    raise ValueError(f"masks[{j}] holds values other than 0 and 1")
+                array = array.astype(np.uint8)
+            elif np.count_nonzero(array > 1):
+                raise ValueError(f"masks[{j}] holds values other than 0 and 1")
+            checked.append(_read_only(array))
+        return self._with_loss_masks(checked)
+
+    def _with_loss_masks(self, masks: Sequence[np.ndarray]) -> Corpus:
+        """:meth:`with_loss_masks` of read-only uint8 masks already checked (a reader's)."""
+        corpus = Corpus.__new__(Corpus)
+        corpus.__dict__.update(self.__dict__)
+        corpus._set_eos_tables()
+        corpus._loss_masks = tuple(masks)
+        return corpus
+
+    @property
     def document_lengths(self) -> np.ndarray:
         """Tokens per document, in order (a shard without recorded documents is one)."""
         return np.diff(self.document_boundaries)
@@ -294,9 +343,13 @@ class Corpus:
         # file, offset and dtype, and is mapped again where it is unpickled (a spawned
         # DataLoader worker), instead of as a copy; a remote shard as its object's URL.
         state = self.__dict__.copy()
+        files = MappedFiles()
+        if self._loss_masks is not None:
+            state["_loss_masks"] = tuple(
+                file_map_of(mask) or files.region(mask) or mask for mask in self._loss_masks
+            )
         if self._source is not None:
             return state  # the source pickles as its table of contents
-        files = MappedFiles()
         state["_shards"] = tuple(
             file_map_of(shard) or on_demand_of(shard) or files.region(shard) or shard
             for shard in self._shards
@@ -304,6 +357,10 @@ class Corpus:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if state.get("_loss_masks") is not None:
+            masks = state["_loss_masks"] = tuple(np.asarray(m) for m in state["_loss_masks"])
+            for mask in masks:
+                mask.flags.writeable = False
         if state.get("_source") is None:
             shards = state["_shards"] = tuple(np.asarray(shard) for shard in state["_shards"])
             for shard in shards:

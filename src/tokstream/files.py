@@ -32,13 +32,15 @@ file's name, not its tokens.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tokstream import _validate, manifest
 from tokstream.corpus import Corpus
-from tokstream.formats import arrow
+from tokstream.formats import arrow, tokenized
 from tokstream.formats.common import Shard
 from tokstream.formats.table import FORMATS, checked_tokens, open_one, resolve_paths
 from tokstream.formats.table import detect_format as detect_format
@@ -110,6 +112,34 @@ def open_tokens(
         ``dtype`` is not an integer dtype, ``format`` or ``column`` not a string, or the paths
         are neither a path nor a sequence of paths.
     """
+    corpus = _open_tokens(path_or_paths_or_glob, dtype, format, column, max_open_maps, remote)
+    directory = _tokenize_directory(path_or_paths_or_glob)
+    if directory is not None:
+        masks = tokenized.read_loss_masks(directory, corpus.lengths.tolist())
+        if masks is not None:
+            corpus = corpus._with_loss_masks(masks)
+    return corpus
+
+
+def _tokenize_directory(spec: Any) -> Path | None:
+    """The local ``tokstream tokenize`` directory ``spec`` names (itself, or the manifest the
+    run wrote in it), else None."""
+    if not isinstance(spec, (str, os.PathLike)) or remote_urls(spec):
+        return None
+    path = Path(spec)
+    if path.name == manifest.MANIFEST_NAME and path.is_file():
+        path = path.parent
+    return path if path.is_dir() and tokenized.is_directory(path) else None
+
+
+def _open_tokens(
+    path_or_paths_or_glob: Any,
+    dtype: Any,
+    format: str | None,
+    column: str,
+    max_open_maps: int | None,
+    remote: Any,
+) -> Corpus:
     if format is not None:
         _validate.choice(format, "format", FORMATS)
     if not isinstance(column, str):

@@ -9,7 +9,7 @@
 - ``_loop`` (compiled): the plain C window-copy loop of the ``c_loop`` baseline;
   ``_device`` (compiled): the device's random-read rate, for the cold-cache benchmark.
 
-The pytest-benchmark suite (``benchmarks/``) imports these, never the command line.
+The benchmark suites (``benchmarks/``) import these, never the command line.
 """
 
 from tokstream.bench.harness import (

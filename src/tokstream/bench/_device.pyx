@@ -1,6 +1,6 @@
 """The device's random-read rate: the ceiling a cold-cache benchmark holds tokstream's reads to.
 
-``benchmarks/cold_cache.py`` runs :func:`read_at` from many threads at once, so that many reads
+``benchmarks/test_storage.py`` runs :func:`read_at` from many threads at once, so that many reads
 are in flight, and compares the stream's throughput on a file evicted from the page cache with
 this rate. A separate concern from the window-copy loop in ``_loop.pyx``: it measures storage,
 not memory.

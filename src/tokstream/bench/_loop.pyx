@@ -5,10 +5,11 @@ they measure the machine, not tokstream. :func:`copy_windows`: one ``memcpy`` (o
 per window into a reused buffer, with software prefetch of the window ``distance`` windows
 ahead; :func:`tokstream.bench.baselines.c_loop` drives it with the best distance it finds on the
 machine at hand. :func:`copy_rows`: the bytes of a batch with shifted labels, and optionally the
-extras' bytes, written in an int32 or int64 output dtype: the floor ``benchmarks/out_dtype.py``
-holds ``out_dtype="int32"`` to. :func:`copy_document_rows`: the same with each document's
-extras (restarting at every document start, or one piece a row for windows inside documents)
-and their ``cu_seqlens``: the floor of a document stream's whole batch.
+extras' bytes, written in an int32 or int64 output dtype: the floor
+``benchmarks/test_out_dtype.py`` holds ``out_dtype="int32"`` to. :func:`copy_document_rows`:
+the same with each document's extras (restarting at every document start, or one piece a row
+for windows inside documents) and their ``cu_seqlens``: the floor of a document stream's whole
+batch.
 """
 
 cimport cython

@@ -71,6 +71,24 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="replace the output of another tokenization in DIR (never other files)",
     )
+    tokenize.add_argument(
+        "--chat",
+        action="store_true",
+        help='inputs hold conversations ({"messages": [...]}), rendered with the tokenizer\'s '
+        "chat template (--tokenizer DIR or its tokenizer.json) and written with a loss mask "
+        "training the assistant's tokens",
+    )
+    tokenize.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="a Jinja2 chat template to use instead of the tokenizer's (--chat)",
+    )
+    tokenize.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="count and skip bad conversations instead of stopping at the first (--chat)",
+    )
     tokenize.add_argument("--quiet", action="store_true", help="no progress on stderr")
     tokenize.set_defaults(handler=run, command_parser=tokenize)
 
@@ -97,6 +115,9 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         engine=args.engine,
         ray_address=args.ray_address,
         progress=lambda message, final: progress.update(message, final=final),
+        chat=args.chat,
+        chat_template=args.chat_template,
+        skip_bad=args.skip_bad,
     )
     progress.done()
     print(result.summary(), file=stdout)

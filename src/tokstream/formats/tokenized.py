@@ -15,7 +15,7 @@ without one.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +42,64 @@ def documents_file(index: int) -> str:
     return f"shard_{index:06d}.documents.npy"
 
 
+def loss_mask_file(index: int) -> str:
+    """The loss mask of shard ``index`` (a ``--chat`` run's): one uint8 (0 or 1) per token."""
+    return f"shard_{index:06d}.loss_mask.npy"
+
+
 def is_directory(path: Path) -> bool:
     return (path / MANIFEST).is_file()
 
 
 def is_documents_file(path: Path) -> bool:
-    """Whether ``path`` is the document offsets of a shard in a tokenize directory."""
-    digits = path.name[len("shard_") : -len(".documents.npy")]
-    return (
-        digits.isdigit() and path.name == documents_file(int(digits)) and is_directory(path.parent)
-    )
+    """Whether ``path`` is the document offsets or the loss mask of a shard in a tokenize
+    directory: a file beside the shards, never a token file of its own."""
+    for suffix, name in ((".documents.npy", documents_file), (".loss_mask.npy", loss_mask_file)):
+        digits = path.name[len("shard_") : -len(suffix)]
+        if digits.isdigit() and path.name == name(int(digits)) and is_directory(path.parent):
+            return True
+    return False
+
+
+def has_loss_masks(manifest: dict[str, Any]) -> bool:
+    """Whether the run that made the directory wrote a loss mask beside each shard."""
+    return manifest.get("loss_mask") is True
+
+
+def read_loss_masks(path: Path, lengths: Sequence[int]) -> list[np.ndarray] | None:
+    """Each shard's loss mask (read-only uint8 maps, 1 where the loss trains on the token) in
+    the finished directory ``path`` whose shards hold ``lengths`` tokens; None when its run
+    wrote none (not ``--chat``).
+
+    Each file is checked against its shard and the manifest's entry: a 1-D uint8 ``.npy`` of
+    the shard's token count, holding only 0 and 1, as many 1s as the entry's ``trained``;
+    anything else is a ValueError naming the file.
+    """
+    manifest = load(path)
+    if not has_loss_masks(manifest):
+        return None
+    masks = []
+    for index, (entry, length) in enumerate(zip(manifest["shards"], lengths, strict=True)):
+        file = path / loss_mask_file(index)
+        where = f"loss mask {file}"
+        mask = npy.read(file)
+        if mask.dtype != np.uint8:
+            raise ValueError(f"{where}: holds {mask.dtype}, a loss mask is uint8 (0 or 1)")
+        if mask.shape[0] != length:
+            raise ValueError(
+                f"{where}: {mask.shape[0]} values for the {length} tokens of its shard"
+            )
+        stray = np.count_nonzero(mask > 1)
+        if stray:
+            raise ValueError(f"{where}: {stray} values other than 0 and 1")
+        trained = np.count_nonzero(mask)
+        if trained != entry.get("trained"):
+            raise ValueError(
+                f"{where}: {trained} tokens trained, the manifest {MANIFEST} says "
+                f"{entry.get('trained')!r}"
+            )
+        masks.append(mask)
+    return masks
 
 
 def load(path: Path) -> dict[str, Any]:

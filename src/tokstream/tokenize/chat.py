@@ -330,6 +330,7 @@ class ChatEncoder:
         with contextlib.suppress(AttributeError):
             tokenizer.encode_special_tokens = False
         self._tokenizer = tokenizer
+        self.fingerprint = spec.fingerprint
         vocabulary = tokenizer.get_vocab(with_added_tokens=True)
         self.max_id = max(vocabulary.values(), default=0)
         self._special = {

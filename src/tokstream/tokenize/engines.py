@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 
 from tokstream._extras import install_hint
 from tokstream.tokenize import task as tasks
+from tokstream.tokenize.chat import ChatEncoder, ChatSpec
 from tokstream.tokenize.encoders import Encoder, one_thread
 from tokstream.tokenize.output import writing
 
@@ -71,7 +72,7 @@ Runner = Callable[[list[tasks.Task], Reporter], Entries]
 def start(
     stack: contextlib.ExitStack,
     engine: str,
-    encoder: Encoder,
+    encoder: Encoder | ChatEncoder,
     workers: int,
     ray_address: str | None,
 ) -> Runner:
@@ -104,7 +105,9 @@ def start(
     return lambda todo, report: _pooled(pool, updates, todo, workers, report)
 
 
-def _in_process(encoder: Encoder, todo: list[tasks.Task], report: Reporter) -> Entries:
+def _in_process(
+    encoder: Encoder | ChatEncoder, todo: list[tasks.Task], report: Reporter
+) -> Entries:
     """Each task made in this process, in order, the encoder on this thread only."""
     for task in todo:
         with one_thread():
@@ -160,7 +163,9 @@ _job = 0
 
 
 def _start_worker(
-    tokenizer: str, updates: multiprocessing.queues.SimpleQueue[Update] | None, job: int
+    tokenizer: str | ChatSpec,
+    updates: multiprocessing.queues.SimpleQueue[Update] | None,
+    job: int,
 ) -> None:
     """A pool worker's start: the progress queue kept, the tokenizer loaded before any task,
     and a thread that ends the worker when its job's process ``job`` ends, however it ends.

@@ -13,11 +13,24 @@ import json
 import os
 import zlib
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from tokstream.formats import arrow, table
+
+#: The JSON field and Parquet column a conversation's messages are in (``--chat``).
+MESSAGES = "messages"
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A ``--chat`` input record (a JSON object or a Parquet row), and where it is."""
+
+    record: Any
+    #: ``"input PATH, line N"`` (or ``row N``), computed only for a message.
+    where: Callable[[], str]
 
 
 def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
@@ -52,15 +65,39 @@ def splittable(path: Path, document_per_file: bool) -> bool:
     )
 
 
-def parquet_rows(path: Path, text_field: str) -> int:
-    """The rows of a Parquet input, its text column checked (its footer is all that is read)."""
-    rows: int = _parquet_file(path, text_field).metadata.num_rows
+def line_start(path: Path, offset: int) -> int:
+    """The first byte at or after ``offset`` (at least 1) that begins a line of ``path``, or
+    its size: where a range of whole lines may end. Reads only up to the next newline."""
+    with open(path, "rb") as f:
+        f.seek(offset - 1)
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                return f.tell()
+            at = chunk.find(b"\n")
+            if at >= 0:
+                return f.tell() - len(chunk) + at + 1
+
+
+def check_chat_input(path: Path) -> None:
+    """A ``--chat`` input must be JSON Lines or Parquet: a ValueError naming a text file."""
+    if input_kind(path) == "text":
+        raise ValueError(
+            f"input {path}: --chat reads conversations from JSON Lines (.jsonl, .json) or "
+            "Parquet files, each record holding a 'messages' list"
+        )
+
+
+def parquet_rows(path: Path, text_field: str, chat: bool = False) -> int:
+    """The rows of a Parquet input, its text column (with ``chat``, its list column of
+    messages) checked (its footer is all that is read)."""
+    rows: int = _parquet_file(path, text_field, chat).metadata.num_rows
     return rows
 
 
 def read_span(
-    path: Path, start: int, end: int, text_field: str, document_per_file: bool
-) -> Iterator[tuple[str, int]]:
+    path: Path, start: int, end: int, text_field: str, document_per_file: bool, chat: bool = False
+) -> Iterator[tuple[Any, int]]:
     """The documents of one input that begin in ``[start, end)``, each with the input bytes of
     the span read so far (for progress: the share of a file a ``.gz`` has read by its
     compressed bytes, a Parquet row weighed as the file's bytes over its rows).
@@ -68,15 +105,18 @@ def read_span(
     For a splittable file (:func:`splittable`) these are byte offsets, and a document (a line)
     belongs to the span its first byte is in, so spans that tile a file read each line once;
     for Parquet they are rows; any other file is read whole (``start`` 0).
+
+    With ``chat`` each document is a :class:`Conversation` (a JSON object, or a Parquet row
+    of the ``messages`` column), not text.
     """
     kind = input_kind(path)
     if kind == "parquet":
-        yield from _parquet_documents(path, text_field, start, end)
+        yield from _parquet_documents(path, MESSAGES if chat else text_field, start, end, chat)
     elif splittable(path, document_per_file):
-        yield from _line_documents(path, kind, text_field, start, end)
+        yield from _line_documents(path, kind, text_field, start, end, chat)
     else:
         try:
-            yield from _whole_file_documents(path, kind, text_field, document_per_file)
+            yield from _whole_file_documents(path, kind, text_field, document_per_file, chat)
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
             # gzip reports a truncated stream as EOFError and a corrupt one as zlib.error or
             # BadGzipFile (an OSError): none of them names the file.
@@ -84,8 +124,8 @@ def read_span(
 
 
 def _line_documents(
-    path: Path, kind: str, text_field: str, start: int, end: int
-) -> Iterator[tuple[str, int]]:
+    path: Path, kind: str, text_field: str, start: int, end: int, chat: bool
+) -> Iterator[tuple[Any, int]]:
     with open(path, "rb") as f:
         position = 0
         if start > 0:
@@ -96,7 +136,9 @@ def _line_documents(
             line = f.readline()
             if not line:
                 return
-            text = _document(line, path, kind, text_field, partial(_line_number, path, position))
+            text = _document(
+                line, path, kind, text_field, partial(_line_number, path, position), chat
+            )
             position += len(line)
             if text:
                 yield text, min(position, end) - start
@@ -109,8 +151,8 @@ def _line_number(path: Path, offset: int) -> int:
 
 
 def _whole_file_documents(
-    path: Path, kind: str, text_field: str, document_per_file: bool
-) -> Iterator[tuple[str, int]]:
+    path: Path, kind: str, text_field: str, document_per_file: bool, chat: bool
+) -> Iterator[tuple[Any, int]]:
     with open(path, "rb") as raw:
         f = gzip.GzipFile(fileobj=raw) if path.suffix.lower() == ".gz" else raw
         with f:
@@ -121,20 +163,31 @@ def _whole_file_documents(
                 return
             for number, line in enumerate(f, start=1):
                 # The line's number is known here: partial(int, number)() is number.
-                text = _document(line, path, kind, text_field, partial(int, number))
+                text = _document(line, path, kind, text_field, partial(int, number), chat)
                 if text:
                     # The file's own position: for a .gz, the compressed bytes read so far.
                     yield text, raw.tell()
 
 
 def _document(
-    line: bytes, path: Path, kind: str, text_field: str, number: Callable[[], int]
-) -> str:
+    line: bytes,
+    path: Path,
+    kind: str,
+    text_field: str,
+    number: Callable[[], int],
+    chat: bool = False,
+) -> Any:
     """The document of one line ("" for none); ``number`` gives its line number for errors."""
     try:
         text = line.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as exc:
         raise ValueError(f"input {path}, line {number()}: not UTF-8 text: {exc}") from None
+    if chat and text.strip():
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"input {path}, line {number()}: not JSON: {exc}") from None
+        return Conversation(record, lambda: f"input {path}, line {number()}")
     if kind == "jsonl" and text.strip():  # a blank line holds no record
         return _json_text(text, path, number, text_field)
     return "" if kind == "jsonl" else text
@@ -162,7 +215,7 @@ def _json_text(line: str, path: Path, number: Callable[[], int], field: str) -> 
     return text
 
 
-def _parquet_file(path: Path, field: str) -> Any:
+def _parquet_file(path: Path, field: str, chat: bool = False) -> Any:
     pa = arrow.require()
     import pyarrow.parquet as pq
 
@@ -173,17 +226,22 @@ def _parquet_file(path: Path, field: str) -> Any:
     schema = table_file.schema_arrow
     if field not in schema.names:
         raise ValueError(
-            f"input {path}: no column {field!r} (its columns: {', '.join(schema.names)}); "
-            "choose one with --text-field"
+            f"input {path}: no column {field!r} (its columns: {', '.join(schema.names)})"
+            + ("" if chat else "; choose one with --text-field")
         )
     kind = schema.field(field).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+    if chat:
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+            raise ValueError(f"input {path}: column {field!r} is {kind}, not a list of messages")
+    elif not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise ValueError(f"input {path}: column {field!r} is {kind}, not text")
     return table_file
 
 
-def _parquet_documents(path: Path, field: str, start: int, end: int) -> Iterator[tuple[str, int]]:
-    table_file = _parquet_file(path, field)
+def _parquet_documents(
+    path: Path, field: str, start: int, end: int, chat: bool = False
+) -> Iterator[tuple[Any, int]]:
+    table_file = _parquet_file(path, field, chat)
     metadata = table_file.metadata
     row_bytes = path.stat().st_size / max(metadata.num_rows, 1)
     first = 0
@@ -195,5 +253,11 @@ def _parquet_documents(path: Path, field: str, start: int, end: int) -> Iterator
             if column.null_count:
                 raise ValueError(f"input {path}: column {field!r} has null rows")
             done = int((min(end, first + rows) - start) * row_bytes)
-            yield from ((text, done) for text in column.to_pylist() if text)
+            if chat:
+                at = max(start, first)
+                for i, messages in enumerate(column.to_pylist()):
+                    where = partial(str, f"input {path}, row {at + i}")
+                    yield Conversation({MESSAGES: messages}, where), done
+            else:
+                yield from ((text, done) for text in column.to_pylist() if text)
         first += rows

@@ -12,8 +12,9 @@ from typing import Any
 from tokstream import _validate, writing
 from tokstream.formats.writer import STREAMED
 from tokstream.tokenize import engines, task
+from tokstream.tokenize.chat import ChatEncoder, ChatSpec, load_spec
 from tokstream.tokenize.encoders import Encoder
-from tokstream.tokenize.inputs import expand_inputs
+from tokstream.tokenize.inputs import check_chat_input, expand_inputs
 from tokstream.tokenize.output import Output
 from tokstream.tokenize.progress import Meter
 
@@ -42,13 +43,24 @@ class Result:
     resumed_documents: int
     dtype: str
     format: str
+    #: For ``chat``: the tokens the loss masks train on, and the bad conversations skipped.
+    trained: int | None = None
+    skipped: int = 0
 
     def summary(self) -> str:
-        """One line for people: what was written, and what an earlier run had already done."""
+        """One line for people: what was written, and what an earlier run had already done;
+        for ``chat``, the share of tokens trained (an all-zero or all-one mask shows here) and
+        the conversations skipped."""
         kept = self.resumed_documents
+        trained = ""
+        if self.trained is not None:
+            share = self.trained / self.tokens if self.tokens else 0.0
+            trained = f", {self.trained:,} trained ({share:.1%})"
+            if self.skipped:
+                trained += f", {self.skipped:,} bad conversations skipped"
         return (
             f"wrote {self.output}: {self.shards} {self.format} shards, {self.dtype}, "
-            f"{self.tokens:,} tokens in {self.documents:,} documents"
+            f"{self.tokens:,} tokens in {self.documents:,} documents{trained}"
             + (f" ({kept:,} documents kept from an earlier run)" if kept else "")
         )
 
@@ -69,6 +81,9 @@ def tokenize_files(
     engine: str = "local",
     ray_address: str | None = None,
     progress: Progress | None = None,
+    chat: bool = False,
+    chat_template: str | os.PathLike[str] | None = None,
+    skip_bad: bool = False,
 ) -> Result:
     """Tokenize ``inputs`` into shards in the directory ``output``; see :mod:`tokstream.tokenize`.
 
@@ -111,6 +126,17 @@ def tokenize_files(
         ETA) and whether it is a milestone: a milestone at the start and after each shard
         made; in between, after each batch of documents a running task has encoded (a
         milestone at most every 30 s, for logs).
+    chat
+        Each input record (JSON Lines, or a Parquet row) is a conversation, ``{"messages":
+        [{"role": ..., "content": ...}, ...]}``, rendered with the tokenizer's chat template
+        (``tokenizer`` is then a tokenizer directory, or its ``tokenizer.json`` with the
+        ``tokenizer_config.json`` beside it) and written as one document with a loss mask
+        beside each shard (:mod:`tokstream.tokenize.chat` says which tokens are trained). No
+        eos is appended: the template writes its own end tokens.
+    chat_template
+        A Jinja2 chat template file to use instead of the tokenizer's (``chat`` only).
+    skip_bad
+        Count and skip bad conversations instead of stopping at the first (``chat`` only).
 
     Raises
     ------
@@ -134,8 +160,22 @@ def tokenize_files(
     if ray_address is not None and not isinstance(ray_address, str):
         raise TypeError(f"ray_address must be a str or None, got {type(ray_address).__name__}")
     paths = expand_inputs(inputs)
-    encoder = Encoder(tokenizer)
-    eos_id = encoder.eos_id(eos)
+    encoder: Encoder | ChatEncoder
+    if chat:
+        if eos not in (None, DEFAULT_EOS):
+            raise ValueError(
+                "eos does not apply to chat: a chat template writes its own end tokens"
+            )
+        for path in paths:
+            check_chat_input(path)
+        # The template is checked here: one that cannot be masked exactly writes nothing.
+        encoder = ChatEncoder(load_spec(tokenizer, chat_template))
+        eos_id = None
+    else:
+        if chat_template is not None or skip_bad:
+            raise ValueError("chat_template and skip_bad apply to chat=True (--chat)")
+        encoder = Encoder(tokenizer)
+        eos_id = encoder.eos_id(eos)
     try:
         dtype = writing.stored_dtype(0, encoder.max_id, format, dtype)
     except ValueError as exc:
@@ -151,6 +191,8 @@ def tokenize_files(
         "text_field": text_field,
         "document_per_file": document_per_file,
     }
+    if isinstance(encoder, ChatEncoder):
+        job["chat"] = {"template": encoder.spec.template_name, "skip_bad": skip_bad}
     claimed: list[Output] = []
     with contextlib.ExitStack() as stack:
         # Registered first, so released last: after the engine has stopped every task.
@@ -162,7 +204,8 @@ def tokenize_files(
         # The engine before the plan and the output: one that cannot start leaves the output
         # untouched, and the local engine's workers start up while the ranges are planned.
         runner = engines.start(stack, engine, encoder, workers, ray_address)
-        todo = _tasks(paths, job, output, tokenizer)
+        chat_spec = encoder.spec if isinstance(encoder, ChatEncoder) else None
+        todo = _tasks(paths, job, output, tokenizer, chat_spec)
         out = Output.claim(output, job, overwrite)
         claimed.append(out)
         todo = [replace(t, run=out.run) for t in todo]
@@ -171,9 +214,17 @@ def tokenize_files(
         return _result(out)
 
 
-def _tasks(paths: list[Path], job: dict[str, Any], output: Path, tokenizer: str) -> list[task.Task]:
+def _tasks(
+    paths: list[Path],
+    job: dict[str, Any],
+    output: Path,
+    tokenizer: str,
+    chat: ChatSpec | None = None,
+) -> list[task.Task]:
     """The job's ranges as tasks, in input order."""
-    ranges = task.plan(paths, job["shard_bytes"], job["text_field"], job["document_per_file"])
+    ranges = task.plan(
+        paths, job["shard_bytes"], job["text_field"], job["document_per_file"], chat is not None
+    )
     return [
         task.Task(
             index=index,
@@ -187,6 +238,8 @@ def _tasks(paths: list[Path], job: dict[str, Any], output: Path, tokenizer: str)
             dtype=job["dtype"],
             text_field=job["text_field"],
             document_per_file=job["document_per_file"],
+            chat=chat,
+            skip_bad=bool(job.get("chat", {}).get("skip_bad")),
         )
         for index, (spans, size) in enumerate(ranges)
     ]
@@ -223,8 +276,9 @@ def _run(
             show(False)
 
     show(True)
-    # The largest ranges first (they are all about shard_bytes but for a file never cut and the
-    # last), so that the job does not end waiting on a large one started last.
+    # The largest ranges first (they are all about shard_bytes but for a file never cut, a line
+    # longer than shard_bytes and the last), so that the job does not end waiting on a large
+    # one started last.
     remaining = sorted((t for t in todo if t.index not in out.finished), key=lambda t: -t.size)
     try:
         for made, entry in runner(remaining, report):
@@ -255,4 +309,6 @@ def _result(out: Output) -> Result:
         resumed_documents=out.resumed_documents,
         dtype=out.manifest["dtype"],
         format=out.manifest["format"],
+        trained=sum(s["trained"] for s in shards) if out.manifest.get("loss_mask") else None,
+        skipped=sum(s.get("skipped", 0) for s in shards),
     )

@@ -48,7 +48,7 @@ FINISHED = ".partial.shards"
 #: The files a tokenize job writes (shards, document offsets, Megatron's pair, its record, the
 #: table of contents).
 OWN_FILE = re.compile(
-    r"shard_\d{6,}(\.npy|\.bin|\.idx|\.documents\.npy)?|\.partial\.\w+"
+    r"shard_\d{6,}(\.npy|\.bin|\.idx|\.documents\.npy|\.loss_mask\.npy)?|\.partial\.\w+"
     r"|manifest(\.json|\.documents\.npy)"
 )
 #: The temporary files its writers leave when killed (formats.common.atomic_writer's names).
@@ -326,7 +326,7 @@ def _is_record(record: Any) -> bool:
 
 
 def _new_manifest(job: dict[str, Any]) -> dict[str, Any]:
-    return {
+    manifest = {
         "kind": tokenized.KIND,
         "version": tokenized.VERSION,
         "format": job["format"],
@@ -335,6 +335,9 @@ def _new_manifest(job: dict[str, Any]) -> dict[str, Any]:
         "job": job,
         "shards": [],
     }
+    if "chat" in job:
+        manifest["loss_mask"] = True  # formats.tokenized.has_loss_masks
+    return manifest
 
 
 def _continues(manifest: dict[str, Any], job: dict[str, Any], overwrite: bool, where: Path) -> bool:

@@ -23,9 +23,19 @@ import numpy as np
 
 from tokstream import writing
 from tokstream.formats import tokenized
+from tokstream.formats.common import atomic_writer
 from tokstream.formats.writer import TokenFileWriter
+from tokstream.tokenize.chat import BadConversation, ChatEncoder, ChatSpec
 from tokstream.tokenize.encoders import PARALLELISM, Encoder
-from tokstream.tokenize.inputs import input_kind, parquet_rows, read_span, splittable
+from tokstream.tokenize.inputs import (
+    MESSAGES,
+    Conversation,
+    input_kind,
+    line_start,
+    parquet_rows,
+    read_span,
+    splittable,
+)
 
 #: Documents encoded at a time, and at most this many characters of them.
 BATCH_DOCUMENTS = 1000
@@ -59,15 +69,26 @@ class Task:
     #: The run's token (:class:`tokstream.tokenize.output.Output`): the task writes only while
     #: its directory is that run's.
     run: str = ""
+    #: For ``--chat``: the template and tokenizer conversations are encoded with (the shard
+    #: gets a loss mask beside it), and whether a bad conversation is skipped or an error.
+    chat: ChatSpec | None = None
+    skip_bad: bool = False
 
 
 def plan(
-    paths: list[Path], shard_bytes: int, text_field: str, document_per_file: bool
+    paths: list[Path],
+    shard_bytes: int,
+    text_field: str,
+    document_per_file: bool,
+    chat: bool = False,
 ) -> list[tuple[list[Span], int]]:
     """The ranges of ``paths``, in input order: each a list of spans and its size in bytes.
 
     A range closes once it holds ``shard_bytes``; a file that is never cut starts a range of
-    its own when it does not fit in the current one. Empty files hold no span.
+    its own when it does not fit in the current one, and so does a line (a file of a document
+    per line is cut only where a line begins): a line longer than ``shard_bytes`` is one range
+    of its own, never one per ``shard_bytes`` of it. So every range holds a document's first
+    byte (or row). Empty files hold no span.
     """
     ranges: list[tuple[list[Span], int]] = []
     spans: list[Span] = []
@@ -81,7 +102,8 @@ def plan(
 
     for index, path in enumerate(paths):
         file_bytes = path.stat().st_size
-        rows = parquet_rows(path, text_field) if input_kind(path) == "parquet" else None
+        field = MESSAGES if chat else text_field
+        rows = parquet_rows(path, field, chat) if input_kind(path) == "parquet" else None
         if rows is None and not splittable(path, document_per_file):
             if spans and size + file_bytes > shard_bytes:
                 close()
@@ -96,8 +118,15 @@ def plan(
         start = 0
         while start < units:
             room = shard_bytes - size
-            take = room if rows is None else max(room * rows // max(file_bytes, 1), 1)
-            end = min(start + take, units)
+            if rows is None:
+                first_line = line_start(path, start + 1)
+                if spans and first_line - start > room:
+                    close()  # the line does not fit beside the range's documents
+                    continue
+                end = min(start + room, units)
+                end = max(first_line, line_start(path, end) if end < units else end)
+            else:
+                end = min(start + max(room * rows // max(file_bytes, 1), 1), units)
             spans.append([index, start, end])
             size += end - start if rows is None else (end - start) * file_bytes // rows
             start = end
@@ -107,7 +136,9 @@ def plan(
     return ranges
 
 
-def run(task: Task, encoder: Encoder | None = None, report: Report | None = None) -> dict[str, Any]:
+def run(
+    task: Task, encoder: Encoder | ChatEncoder | None = None, report: Report | None = None
+) -> dict[str, Any]:
     """Make the shard of ``task``'s range; its manifest entry.
 
     ``encoder`` is the task's tokenizer already loaded in this process; without it a worker
@@ -116,23 +147,32 @@ def run(task: Task, encoder: Encoder | None = None, report: Report | None = None
 
     The shard and its ``.documents.npy`` are each written under a temporary name and renamed
     into place, so a killed run leaves either nothing or a whole file (written again, the same,
-    when its range is run again).
+    when its range is run again). A ``--chat`` task writes the shard's loss mask the same way
+    (:func:`tokstream.formats.tokenized.loss_mask_file`), and its entry counts the tokens
+    trained and the conversations skipped.
     """
-    encoder = encoder or load(task.tokenizer)
+    encoder = encoder or load(task.chat or task.tokenizer)
     directory = Path(task.directory)
     dtype = np.dtype(task.dtype)
     largest = np.iinfo(dtype).max
     lengths: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+    skipped = 0
     path = directory / tokenized.shard_file(task.index, task.format)
     with TokenFileWriter(path, task.format, dtype) as writer:
         documents = tokens = 0
         for texts, done in batches(task):
-            flat, batch_lengths = encode(encoder, texts, task.eos)
+            if isinstance(encoder, ChatEncoder):
+                flat, batch_lengths, mask, bad = encode_chat(encoder, texts, task.skip_bad)
+                masks.append(mask)
+                skipped += bad
+            else:
+                flat, batch_lengths = encode(encoder, texts, task.eos)
             if flat.shape[0] and (int(flat.min()) < 0 or int(flat.max()) > largest):
                 raise ValueError(f"the tokenizer produced ids outside {dtype}")
             writer.write(flat)
             lengths.append(batch_lengths)
-            documents += len(texts)
+            documents += batch_lengths.shape[0]
             tokens += flat.shape[0]
             if report is not None:
                 report(documents, tokens, done)
@@ -144,26 +184,63 @@ def run(task: Task, encoder: Encoder | None = None, report: Report | None = None
         writing.write_tokens(
             directory / tokenized.documents_file(task.index), offsets, format="npy", dtype=np.int64
         )
-    return {
+    entry = {
         "tokens": int(offsets[-1]),
         "documents": int(offsets.shape[0] - 1),
         "input": [list(span) for span in task.spans],
     }
+    if task.chat is not None:
+        mask = np.concatenate(masks) if masks else np.zeros(0, np.uint8)
+        with atomic_writer(directory / tokenized.loss_mask_file(task.index)) as f:
+            np.lib.format.write_array(f, mask, version=(1, 0), allow_pickle=False)
+        entry["trained"] = int(np.count_nonzero(mask))
+        entry["skipped"] = skipped
+    return entry
 
 
-def batches(task: Task) -> Iterator[tuple[list[str], int]]:
-    """The range's document texts in batches of :data:`BATCH_DOCUMENTS` or :data:`BATCH_CHARS`,
-    each with the range's input bytes read so far (at most ``task.size``)."""
-    texts: list[str] = []
+def encode_chat(
+    encoder: ChatEncoder, conversations: list[Conversation], skip_bad: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """All ids of the conversations back to back, each one's length, the uint8 loss mask of
+    the ids, and how many bad conversations were skipped (``skip_bad``; else a ValueError
+    naming the first one's file and line)."""
+    ids: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+    skipped = 0
+    for conversation in conversations:
+        try:
+            encoded = encoder.encode(conversation.record)
+        except BadConversation as exc:
+            if not skip_bad:
+                raise ValueError(
+                    f"{conversation.where()}: {exc} (--skip-bad counts and skips such records)"
+                ) from None
+            skipped += 1
+            continue
+        ids.append(encoded.ids)
+        masks.append(encoded.mask)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    if not ids:
+        return np.zeros(0, np.int64), lengths, np.zeros(0, np.uint8), skipped
+    return np.concatenate(ids), lengths, np.concatenate(masks).astype(np.uint8), skipped
+
+
+def batches(task: Task) -> Iterator[tuple[list[Any], int]]:
+    """The range's document texts (for ``--chat``, conversations) in batches of
+    :data:`BATCH_DOCUMENTS` or :data:`BATCH_CHARS`, each with the range's input bytes read so
+    far (at most ``task.size``)."""
+    texts: list[Any] = []
     chars = 0
     paths = dict(task.paths)
     spans_done = done = 0  # the bytes of the spans read whole; of the range
     for index, start, end in task.spans:
         path = Path(paths[index])
         read = 0
-        for text, read in read_span(path, start, end, task.text_field, task.document_per_file):
+        for text, read in read_span(
+            path, start, end, task.text_field, task.document_per_file, task.chat is not None
+        ):
             texts.append(text)
-            chars += len(text)
+            chars += len(text) if isinstance(text, str) else 0
             done = min(spans_done + read, task.size)
             if len(texts) >= BATCH_DOCUMENTS or chars >= BATCH_CHARS:
                 yield texts, done
@@ -190,13 +267,14 @@ def pack(encoded: list[list[int]], eos: int | None) -> tuple[np.ndarray, np.ndar
     return np.array(flat, dtype=np.int64), lengths
 
 
-_encoders: dict[str, Encoder] = {}
+_encoders: dict[str | ChatSpec, Encoder | ChatEncoder] = {}
 
 
-def load(spec: str) -> Encoder:
-    """The tokenizer ``spec`` loaded once per process (an engine's worker runs many tasks)."""
+def load(spec: str | ChatSpec) -> Encoder | ChatEncoder:
+    """The tokenizer (or chat template) ``spec`` loaded once per process (an engine's worker
+    runs many tasks)."""
     if spec not in _encoders:
         # One process per core already: the tokenizer's own thread pool would oversubscribe.
         os.environ[PARALLELISM] = "false"
-        _encoders[spec] = Encoder(spec)
+        _encoders[spec] = ChatEncoder(spec) if isinstance(spec, ChatSpec) else Encoder(spec)
     return _encoders[spec]

@@ -225,11 +225,18 @@ class Client:
         return await retrying(listing, f"{self.url(folder)}/* (a listing)", self.options)
 
     async def read_range(
-        self, key: str, start: int, end: int, etag: str | None = None, size: int | None = None
+        self,
+        key: str,
+        start: int,
+        end: int,
+        etag: str | None = None,
+        size: int | None = None,
+        since: float | None = None,
     ) -> bytes | memoryview:
         """Bytes ``[start, end)`` of the version of the object whose ETag is ``etag`` and
-        whose size is ``size`` (either None: not checked), retried until the deadline; a short
-        answer is retried too, another version is a :class:`RemoteChangedError` at once."""
+        whose size is ``size`` (either None: not checked), retried until the deadline (counted
+        from ``since``, a :func:`time.monotonic` time, when given); a short answer is retried
+        too, another version is a :class:`RemoteChangedError` at once."""
         obstore = require()
         what = f"{self.url(key)} bytes [{start}, {end})"
         options = _version(etag)
@@ -328,8 +335,12 @@ def _permanent(error: BaseException) -> bool:
     )
 
 
-async def retrying(call: Callable[[], Awaitable[T]], what: str, options: RemoteOptions) -> T:
-    """``await call()``, retried with exponential backoff and jitter until ``options.deadline``.
+async def retrying(
+    call: Callable[[], Awaitable[T]], what: str, options: RemoteOptions, since: float | None = None
+) -> T:
+    """``await call()``, retried with exponential backoff and jitter until ``options.deadline``
+    seconds after ``since`` (a :func:`time.monotonic` time: when the request was asked for, so
+    that time spent queued for a slot counts; by default now). It is tried at least once.
 
     Raises :class:`RemoteReadError` naming ``what`` (the object and range) with the last error;
     at once, with no retry, what can never succeed: :class:`RemoteNotFoundError` for a missing
@@ -339,7 +350,7 @@ async def retrying(call: Callable[[], Awaitable[T]], what: str, options: RemoteO
     succeed later is retried: 5xx answers, 408 and 429, dropped, short or stalled answers.
     Cancellation passes through.
     """
-    first = time.monotonic()
+    first = time.monotonic() if since is None else since
     wait = options.backoff
     attempts = 0
     while True:

@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -125,8 +126,11 @@ class Session:
         there: release it once the kernel call reading them has returned.
 
         Raises :class:`~tokstream.shards.remote._client.RemoteReadError` (naming the object and
-        range) when a fetch failed past its deadline; nothing is then reported present, so a later
-        call fetches again.
+        range) as soon as one of the ranges fails past its deadline (counted from when the range
+        was asked for, so that time queued for a slot counts), cancelling every fetch of the
+        session still in flight: with the store gone, the error comes after about one deadline,
+        not one per ``max_in_flight`` ranges in a row. Nothing is then reported present, so a
+        later call fetches again.
         """
         # Pinned before presence is looked at: nothing found present is evicted after.
         pin = self.cache.pin(requests)
@@ -143,7 +147,13 @@ class Session:
             futures = self._schedule(requests, ahead=0)
             if not futures:
                 return
-            concurrent.futures.wait(futures)
+            concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            failed = next((f for f in futures if _failed(f) and not f.cancelled()), None)
+            if failed is not None:
+                self._cancel_pending()
+                error = failed.exception()
+                assert error is not None
+                raise error
             taken = []
             with self._lock:
                 for key in keys:
@@ -157,12 +167,19 @@ class Session:
             for entry in taken:
                 entry[1].release()  # the caller's pin holds the bytes from here on
             if not any(future.cancelled() for future in futures):
-                break
-            # Cancelled by close() (another stream over the same corpus closed): fetch again.
-        for future in futures:
-            error = future.exception()
-            if error is not None:
-                raise error
+                return
+            # Cancelled by close() (another stream over the same corpus closed) or by another
+            # batch's failure: fetch again.
+
+    def _cancel_pending(self) -> None:
+        """Cancel every fetch in flight and forget every range pending (a range failed for
+        good: the others are not worth waiting for, and would keep the store's slots)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for future in {id(entry[0]): entry[0] for entry in pending.values()}.values():
+            future.cancel()
+        for entry in pending.values():
+            entry[1].release()
 
     def _schedule(
         self,
@@ -199,7 +216,8 @@ class Session:
                     spans.append((obj, *span))
         if spans:
             before = [f for f in after if not f.done()]
-            future = self._loop.submit(self._fetch_all(coalesce(spans), before))
+            since = time.monotonic()
+            future = self._loop.submit(self._fetch_all(coalesce(spans), since, before))
             with self._lock:
                 if len(self._pending) > _MAX_PENDING:
                     kept = {k: e for k, e in self._pending.items() if not e[0].done()}
@@ -216,8 +234,13 @@ class Session:
         return list(waits.values())
 
     async def _fetch_all(
-        self, ranges: list[Request], after: Sequence[concurrent.futures.Future[None]] = ()
+        self,
+        ranges: list[Request],
+        since: float,
+        after: Sequence[concurrent.futures.Future[None]] = (),
     ) -> None:
+        """Fetch every range (asked for at ``since``, after ``after`` are done); the first
+        failure cancels the others and is raised."""
         if after:  # done or failed alike: these requests wait for them, not on their results
             waited = [asyncio.wrap_future(f) for f in after]
             for future in waited:
@@ -225,20 +248,27 @@ class Session:
                 # "exception never retrieved" is logged from wherever the copies are collected.
                 future.add_done_callback(_taken)
             await asyncio.wait(waited)
-        results = await asyncio.gather(
-            *(self._fetch_one(*request) for request in ranges), return_exceptions=True
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        tasks = [asyncio.ensure_future(self._fetch_one(*request, since)) for request in ranges]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for task in tasks:
+                task.cancel()  # nothing for those done
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in tasks:
+            error = None if task.cancelled() else task.exception()
+            if error is not None:
+                raise error
 
-    async def _fetch_one(self, obj: ObjectBytes, start: int, end: int) -> None:
+    async def _fetch_one(self, obj: ObjectBytes, start: int, end: int, since: float) -> None:
         loop_id = id(asyncio.get_running_loop())
         semaphore = self._semaphores.get(loop_id)
         if semaphore is None:
             semaphore = self._semaphores[loop_id] = asyncio.Semaphore(self.options.max_in_flight)
         async with semaphore:
-            data = await self.client(obj.root).read_range(obj.key, start, end, obj.etag, obj.size)
+            data = await self.client(obj.root).read_range(
+                obj.key, start, end, obj.etag, obj.size, since
+            )
         obj.write(start, data)
         self.bytes_fetched += end - start
         self.requests += 1
