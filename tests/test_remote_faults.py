@@ -196,3 +196,30 @@ def test_with_the_store_gone_next_fails_within_a_deadline_and_resumes_once_it_is
     delivered.extend(as_list(next(batches) for _ in range(len(expected) - 1)))
     assert_same(delivered, expected)
     batches.close()
+
+
+def test_a_batch_stalled_on_the_store_is_logged_once_and_again_when_it_recovers(
+    files, proxied_bucket, caplog
+):
+    local, url = files()
+    corpus = open_remote(url, **{**PATIENT, "timeout": 10.0}, stall_warning=0.5)
+    # Every range GET of the second shard waits 1.5 s: its first batch stalls, then comes.
+    proxied_bucket.proxy.configure(
+        rules=[{"action": "delay", "ms": 1500, "path": "shard_001", "ranged": True}]
+    )
+    with caplog.at_level("WARNING", logger="tokstream"):
+        assert_same(stream(corpus, shuffle=False), stream(local, shuffle=False))
+    records = [r for r in caplog.records if r.name == "tokstream"]
+    stalls = [r.getMessage() for r in records if "has waited" in r.getMessage()]
+    recoveries = [r.getMessage() for r in records if "came after" in r.getMessage()]
+    assert stalls and len(stalls) == len(recoveries), [r.getMessage() for r in records]
+    assert re.search(r"shard_001\.npy bytes \[\d+, \d+\)", stalls[0]), stalls[0]
+    assert re.search(r"waited \d+ s", stalls[0])
+
+
+def test_a_stream_that_never_stalls_logs_nothing(files, caplog):
+    local, url = files()
+    corpus = open_remote(url, **PATIENT)
+    with caplog.at_level("DEBUG", logger="tokstream"):
+        assert_same(stream(corpus), stream(local))
+    assert not [r for r in caplog.records if r.name == "tokstream"]

@@ -453,9 +453,11 @@ def assemble(
     buffers: dict[str, np.ndarray],
     extras: tuple[str, ...],
     pieces: tuple[np.ndarray, int] | None = None,
+    labels_ignore_index: int | None = None,
 ) -> Batch:
     """The batch the caller receives from filled ``buffers``; ``pieces`` its ``(cu_seqlens,
-    max_seqlen)`` when the filler found them (see :func:`fill`)."""
+    max_seqlen)`` when the filler found them (see :func:`fill`). With ``labels_ignore_index``
+    the labels hold it wherever the loss mask is False (Hugging Face's -100)."""
     if not extras:
         return buffers["input_ids"], buffers["labels"]
     batch: dict[str, np.ndarray | int] = {
@@ -473,7 +475,10 @@ def assemble(
         batch["position_ids"] = positions
     if "loss_mask" in extras:
         continues = buffers["label_continues"].view(np.bool_)
-        batch["loss_mask"] = continues[:, 0] if buffers["labels"].ndim == 1 else continues
+        loss_mask = continues[:, 0] if buffers["labels"].ndim == 1 else continues
+        batch["loss_mask"] = loss_mask
+        if labels_ignore_index is not None:
+            np.copyto(buffers["labels"], labels_ignore_index, where=~loss_mask)
     if "cu_seqlens" in extras and pieces is not None:
         batch["cu_seqlens"], batch["max_seqlen"] = pieces
     elif "cu_seqlens" in extras:

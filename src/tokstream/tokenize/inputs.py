@@ -252,12 +252,15 @@ def _parquet_documents(
             column = column.slice(max(start - first, 0), min(end, first + rows) - max(start, first))
             if column.null_count:
                 raise ValueError(f"input {path}: column {field!r} has null rows")
-            done = int((min(end, first + rows) - start) * row_bytes)
+            at = max(start, first)
+            # Each row's share of the file as it is read, not the row group's at once.
             if chat:
-                at = max(start, first)
                 for i, messages in enumerate(column.to_pylist()):
                     where = partial(str, f"input {path}, row {at + i}")
+                    done = int((at + i + 1 - start) * row_bytes)
                     yield Conversation({MESSAGES: messages}, where), done
             else:
-                yield from ((text, done) for text in column.to_pylist() if text)
+                for i, text in enumerate(column.to_pylist()):
+                    if text:
+                        yield text, int((at + i + 1 - start) * row_bytes)
         first += rows

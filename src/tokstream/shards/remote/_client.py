@@ -62,6 +62,10 @@ class RemoteOptions:
         Without ``cache_max_bytes`` the files grow up to the objects' sizes and are shared by
         every process using the directory (DataLoader workers). None (the default): fetched
         bytes are held in anonymous memory, within ``cache_max_bytes``.
+    stall_warning
+        Seconds a batch may wait on its byte ranges before a warning is logged (logger
+        ``tokstream``) naming an object and byte range still awaited and how long the batch has
+        waited; another says when the batch's bytes came after all.
     cache_max_bytes
         The most bytes of fetched tokens kept for later reads (counted in whole pages), least
         recently used out first, whole extents at a time. Bytes a batch being copied or a read
@@ -79,6 +83,7 @@ class RemoteOptions:
     max_backoff: float = 2.0
     cache_dir: str | None = None
     cache_max_bytes: int | None = None
+    stall_warning: float = 30.0
 
     def __post_init__(self) -> None:
         if type(self.max_in_flight) is not int:
@@ -87,7 +92,7 @@ class RemoteOptions:
             )
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {self.max_in_flight}")
-        for name in ("timeout", "deadline", "backoff", "max_backoff"):
+        for name in ("timeout", "deadline", "backoff", "max_backoff", "stall_warning"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import threading
 import time
@@ -61,6 +62,9 @@ def _used_in_this_process() -> None:
         _client_pid = os.getpid()
 
 
+#: Where a batch stalled on object storage is told (and its recovery).
+LOG = logging.getLogger("tokstream")
+
 #: Ranges fetched ahead but never consumed (a stream that jumped) are forgotten past this many.
 _MAX_PENDING = 1 << 20
 
@@ -83,6 +87,8 @@ class Session:
         # named the new one's absent bytes present.
         self._pending: dict[tuple[ObjectBytes, int, int], list[Any]] = {}
         self._semaphores: dict[int, asyncio.Semaphore] = {}
+        # The ranges being fetched now (sent or retried), with when their first attempt began.
+        self._in_flight: dict[Request, float] = {}
         #: Bytes and GETs fetched so far (ranges as sent, after coalescing).
         self.bytes_fetched = 0
         self.requests = 0
@@ -147,7 +153,7 @@ class Session:
             futures = self._schedule(requests, ahead=0)
             if not futures:
                 return
-            concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            self._wait_warning_of_stalls(futures, requests)
             failed = next((f for f in futures if _failed(f) and not f.cancelled()), None)
             if failed is not None:
                 self._cancel_pending()
@@ -170,6 +176,47 @@ class Session:
                 return
             # Cancelled by close() (another stream over the same corpus closed) or by another
             # batch's failure: fetch again.
+
+    def _wait_warning_of_stalls(
+        self, futures: list[concurrent.futures.Future[None]], requests: Sequence[Request]
+    ) -> None:
+        """Wait until every future is done or one failed; past ``options.stall_warning``
+        seconds, log a warning naming a range still awaited, and another once they are done."""
+        first = concurrent.futures.FIRST_EXCEPTION
+        began = time.monotonic()
+        _, waiting = concurrent.futures.wait(futures, self.options.stall_warning, first)
+        if not waiting:
+            return
+        wanted: dict[ObjectBytes, list[tuple[int, int]]] = {}
+        for obj, start, end in requests:
+            wanted.setdefault(obj, []).append((start, end))
+        with self._lock:
+            # The GETs in flight (or retried) for this batch's ranges, the longest running first.
+            stalled = sorted(
+                (since, obj, start, end)
+                for (obj, start, end), since in self._in_flight.items()
+                if any(a < end and start < b for a, b in wanted.get(obj, ()))
+            )
+        obj, start, end = stalled[0][1:] if stalled else requests[0]
+        LOG.warning(
+            "a batch has waited %.0f s on object storage for %d requests, the longest running "
+            "for %s bytes [%d, %d); still retrying (deadline %g s)",
+            time.monotonic() - began,
+            len(stalled),
+            obj.url,
+            start,
+            end,
+            self.options.deadline,
+        )
+        concurrent.futures.wait(futures, return_when=first)
+        if not any(_failed(future) for future in futures):
+            LOG.warning(
+                "the batch's byte ranges came after %.0f s (%s bytes [%d, %d) among them)",
+                time.monotonic() - began,
+                obj.url,
+                start,
+                end,
+            )
 
     def _cancel_pending(self) -> None:
         """Cancel every fetch in flight and forget every range pending (a range failed for
@@ -266,9 +313,16 @@ class Session:
         if semaphore is None:
             semaphore = self._semaphores[loop_id] = asyncio.Semaphore(self.options.max_in_flight)
         async with semaphore:
-            data = await self.client(obj.root).read_range(
-                obj.key, start, end, obj.etag, obj.size, since
-            )
+            request = (obj, start, end)
+            with self._lock:
+                self._in_flight[request] = time.monotonic()
+            try:
+                data = await self.client(obj.root).read_range(
+                    obj.key, start, end, obj.etag, obj.size, since
+                )
+            finally:
+                with self._lock:
+                    self._in_flight.pop(request, None)
         obj.write(start, data)
         self.bytes_fetched += end - start
         self.requests += 1
