@@ -3,6 +3,7 @@ devices in this process and on 2 processes x 2 devices (jax.distributed on 127.0
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import subprocess
@@ -154,6 +155,10 @@ def test_bad_arguments_name_what_is_wrong(devices, arguments, options, error, me
 # ---- several processes on this machine
 
 
+def _no_grain() -> bool:
+    return importlib.util.find_spec("grain") is None
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -201,10 +206,8 @@ def test_two_processes_of_two_devices_read_their_rows_and_resume_on_one_process(
     assert [r["steps"] for r in reports] == [40, 40]
     assert reports[0]["state"] == reports[1]["state"]  # process 0 saves it for all
     # A Grain dataset made after jax.distributed.initialize streams this process' share.
-    assert [r["grain"] for r in reports] == [
-        "TokenIterDataset(rank=0/2, worker=0/1)",
-        "TokenIterDataset(rank=1/2, worker=0/1)",
-    ]
+    shares = [f"TokenIterDataset(rank={r}/2, worker=0/1)" for r in (0, 1)]
+    assert [r["grain"] for r in reports] == ([None, None] if _no_grain() else shares)
     # The state goes on under one process of 4 devices and another global batch size.
     (resumed,) = _run(1, 4, {**JOB, "global_batch_size": 12, "state": reports[0]["state"]})
     assert resumed["rows"] == list(range(12)) and resumed["steps"] == 40

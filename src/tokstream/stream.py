@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tokstream import _batch, _state, _validate
+from tokstream import _batch, _loss_masks, _state, _validate
 from tokstream._batch import Batch
 from tokstream._options import StreamOptions, expose_options, stream_signature
 from tokstream._order import warn_if_slow_draw
@@ -82,6 +82,8 @@ class TokenStream(Iterator[Batch]):
             self._space = window_space(corpus, options)
             self._order = window_order(source, self._space, options)
         self._fill = _batch.filler(self._space, options)
+        # The corpus's recorded loss masks, copied by a fill of their own beside the batch's.
+        self._mask_fill = _loss_masks.mask_fill(source, options)
         corpus.advise(options.shuffle)
         self._readahead = read_ahead(self._order, self._space, options, self._fill.residency)
         self._lock = threading.Lock()
@@ -222,6 +224,8 @@ class TokenStream(Iterator[Batch]):
                 else self._fresh.take_named(count)
             )
             pieces = _batch.fill(self._fill, windows_index, buffers, "cu_seqlens" in options.extras)
+            if self._mask_fill is not None:
+                _loss_masks.apply(self._mask_fill, windows_index, buffers)
             order.fill_extras(windows_index, buffers)
             batch = _batch.assemble(buffers, options.extras, pieces, options.labels_ignore_index)
         else:
