@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args, get_type_hints
 
 import numpy as np
 
+from tokstream._repetition import RepetitionFilter, instance_filter
 from tokstream._validate import (
     INT32_MAX,
     choice,
@@ -77,6 +78,7 @@ class StreamOptions:
     pad: int | None = None
     out_dtype: OutDtype = "int64"
     labels_ignore_index: int | None = None
+    instance_filter: RepetitionFilter | None = None
 
     @classmethod
     def create(
@@ -177,6 +179,10 @@ class StreamOptions:
                 )
             # The labels are written from the loss mask: the batch carries it.
             extras = tuple(dict.fromkeys(("loss_mask", *extras)))
+        repetition = instance_filter(values["instance_filter"])
+        if repetition is not None:
+            # A filtered row's loss mask is cleared (OLMo-core's convention).
+            extras = tuple(dict.fromkeys(("loss_mask", *extras)))
         return cls(
             block=block,
             batch_size=batch_size,
@@ -198,6 +204,7 @@ class StreamOptions:
             pad=pad,
             out_dtype=output,
             labels_ignore_index=ignore_index,
+            instance_filter=repetition,
         )
 
     @property
