@@ -13,9 +13,16 @@ in half). Two groups a family:
   parsed;
 - ``tokenize --chat FAMILY``: the whole job, JSON Lines in, shards and masks out, one worker.
 
-Needs ``jinja2``, ``tokenizers`` and ``trl`` (skipped without them). Before timing, the two
-sides are checked to render the same tokens for every conversation and to train the same
-content and end-of-turn tokens.
+A third group, ``SFT data to the first batch``, times the whole way from the JSON Lines to the
+first packed batch with assistant-only labels: ``tokstream tokenize --chat`` and a packed
+stream, against TRL's ``SFTTrainer`` data path (``packing_strategy="bfd"``,
+``assistant_only_loss=True``) and its first batch; the same conversations and training
+template (tests/test_chat_trl.py checks that both train the same pairs).
+
+Needs ``jinja2``, ``tokenizers`` and ``trl`` (skipped without them; the TRL group also needs
+``torch``, ``transformers`` and ``datasets``). Before timing, the two template sides are checked
+to render the same tokens for every conversation and to train the same content and end-of-turn
+tokens.
 """
 
 from __future__ import annotations
@@ -102,6 +109,83 @@ def test_tokenize_chat(measure, settings, chats, family, side) -> None:
         group=f"tokenize --chat {family} ({len(chats['records'])} conversations)",
         side=side,
         subject=SIDES[0],
+        units=lambda tokens: tokens,
+        unit="Mtok/s",
+        rounds=settings.size(3, 1),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Side by side with TRL: JSON Lines of conversations to the first packed, masked batch.
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("side", ["tokstream", "TRL"])
+def test_sft_first_batch(measure, settings, chats, side) -> None:
+    """Conversations to the first packed batch with assistant-only labels (qwen2_5's training
+    template, rows of 512 tokens, 8 a batch): tokstream tokenize --chat then a packed stream,
+    against TRL's SFTTrainer data path (packing_strategy="bfd", assistant_only_loss=True) then
+    its first batch. The rate is the conversations' tokens over the time to the first batch."""
+    import datasets
+    import transformers
+    import trl
+
+    from tokstream import open_tokens, stream_token_source
+    from tokstream.tokenize import tokenize_files
+
+    tokenizer_dir = tokenizer_of(chats, "qwen2_5", "generation spans")
+    records = chats["records"]
+
+    def tokstream_path() -> int:
+        out = chats["root"] / f"sft_{next(chats['runs'])}"
+        result = tokenize_files([str(chats["source"])], str(tokenizer_dir), out, chat=True)
+        stream = stream_token_source(
+            open_tokens(out),
+            512,
+            8,
+            windows="packed",
+            pad=0,
+            labels_ignore_index=-100,
+            extras=("position_ids",),
+        )
+        next(iter(stream))
+        return result.tokens
+
+    def trl_path() -> int:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+        config = transformers.LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+        )
+        args = trl.SFTConfig(
+            output_dir=str(chats["root"] / "trl"),
+            packing=True,
+            packing_strategy="bfd",
+            assistant_only_loss=True,
+            max_length=512,
+            per_device_train_batch_size=8,
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+        )
+        trainer = trl.SFTTrainer(
+            model=transformers.LlamaForCausalLM(config),
+            args=args,
+            train_dataset=datasets.Dataset.from_list(records),
+            processing_class=tokenizer,
+        )
+        next(iter(trainer.get_train_dataloader()))
+        return int(sum(len(ids) for ids in trainer.train_dataset["input_ids"]))
+
+    measure(
+        tokstream_path if side == "tokstream" else trl_path,
+        group=f"SFT data to the first batch ({len(records)} conversations)",
+        side=side,
         units=lambda tokens: tokens,
         unit="Mtok/s",
         rounds=settings.size(3, 1),

@@ -36,7 +36,9 @@ def main() -> None:
     mesh = Mesh(np.array(jax.devices()).reshape(job["mesh"]), tuple(job["axes"]))
     spec = PartitionSpec(*[tuple(e) if isinstance(e, list) else e for e in job["spec"]])
     options = job["options"]
-    batches = global_batches(tokens, job["block"], job["global_batch_size"], mesh, spec, **options)
+    reads = job.get("reads")
+    source = tokens if reads is None else _evicted_copy(tokens, reads, process_id)
+    batches = global_batches(source, job["block"], job["global_batch_size"], mesh, spec, **options)
     reference = stream_token_source(
         tokens,
         job["block"],
@@ -67,20 +69,83 @@ def main() -> None:
         if steps == job["steps"]:
             break
 
-    from tokstream.grain import TokenIterDataset
+    try:
+        from tokstream.grain import TokenIterDataset
+    except ImportError:  # the grain extra is not installed: no Grain share to report
+        share = None
+    else:
+        share = str(TokenIterDataset(tokens, job["block"], 4))
+    report = {
+        "process": jax.process_index(),
+        "rows": batches.rows.tolist(),
+        "steps": steps,
+        "state": batches.state_dict(),
+        "grain": share,
+    }
+    if job.get("reads") is not None:
+        report["pages read"] = _pages_read(tokens, job, batches.rows, process_id)
+    print(json.dumps(report))
 
-    share = str(TokenIterDataset(tokens, job["block"], 4))
-    print(
-        json.dumps(
-            {
-                "process": jax.process_index(),
-                "rows": batches.rows.tolist(),
-                "steps": steps,
-                "state": batches.state_dict(),
-                "grain": share,
-            }
-        )
+
+def _evicted_copy(tokens, directory, process_id):
+    """This process' own copy of the tokens as a raw file, out of the page cache, opened."""
+    import numpy as np
+
+    from tokstream import open_tokens
+
+    path = os.path.join(directory, f"tokens_{process_id}.bin")
+    tokens.tofile(path)
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+        os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(descriptor)
+    return open_tokens(path, format="bin", dtype=np.uint16)
+
+
+def _pages_read(tokens, job, rows, process_id):
+    """How many resident pages of this process' copy its own rows' windows touch, and how many
+    only the other rows' windows touch (anywhere in the run)."""
+    import ctypes
+    import mmap
+
+    import numpy as np
+
+    from tokstream import stream_token_source
+
+    path = os.path.join(job["reads"], f"tokens_{process_id}.bin")
+    mapped = np.memmap(path, np.uint8, "r")
+    pages = (mapped.size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    vector = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mincore(ctypes.c_void_p(mapped.ctypes.data), ctypes.c_size_t(mapped.size), vector):
+        raise OSError(ctypes.get_errno(), "mincore")
+    resident = np.frombuffer(bytes(vector), np.uint8) & 1 == 1
+    held = np.zeros(job["global_batch_size"], np.bool_)
+    held[rows] = True
+    own, other = np.zeros(pages, np.bool_), np.zeros(pages, np.bool_)
+    reference = stream_token_source(
+        tokens,
+        job["block"],
+        job["global_batch_size"],
+        drop_last=True,
+        permutation="implicit",
+        **{**job["options"], "extras": ["origin"]},
     )
+    for batch in reference:
+        first = batch["origin"][:, 1] * tokens.itemsize
+        last = first + (job["block"] + 1) * tokens.itemsize - 1
+        for mine, start, end in zip(
+            held, first // mmap.PAGESIZE, last // mmap.PAGESIZE, strict=True
+        ):
+            (own if mine else other)[start : end + 1] = True
+    other_only = other & ~own
+    return {
+        "own": int((resident & own).sum()),
+        "other rows' only": int((resident & other_only).sum()),
+        "pages of other rows only": int(other_only.sum()),
+    }
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ server; the proxy's rules pick which requests fail and how, and its log shows th
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -155,3 +156,70 @@ def test_a_refused_credential_is_an_error_at_once_not_retried_until_the_deadline
     assert url.rsplit("/", 1)[0] in str(error.value)  # the listing of the pattern's folder
     # Not retried until the deadline: a handful of requests at most.
     assert len(faults(proxied_bucket.proxy, "status")) < 10
+
+
+#: The store gone: a short deadline, few requests in flight and a batch of many windows, so
+#: that a batch failing range after range would take many deadlines.
+DEAD = dict(max_in_flight=2, timeout=0.5, deadline=2.0, backoff=0.01, max_backoff=0.2)
+#: A generous bound on one next() with the store gone: a few deadlines, where a batch of 32
+#: windows failing range after range, two at a time, would take about 16.
+DEAD_SECONDS = 4 * DEAD["deadline"] + 4
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+@pytest.mark.parametrize("gone", ["drop", "stall", "503"])
+def test_with_the_store_gone_next_fails_within_a_deadline_and_resumes_once_it_is_back(
+    proxied_bucket, tmp_path, prefetch, gone
+):
+    data = tmp_path / "wide"
+    data.mkdir()
+    # Windows far apart: each of a batch's 32 windows is a range GET of its own.
+    spec = WRITERS["npy"](data, documents(count=60, seed=8, longest=2000))
+    proxied_bucket.upload(data, prefix="wide")
+    local = tokstream.open_tokens(str(data / spec))
+    url = proxied_bucket.url(f"wide/{spec}")
+    corpus = open_remote(url, **DEAD)
+    expected = as_list(stream(local, epochs=1))[:6]
+    batches = stream(corpus, prefetch=prefetch)
+    delivered = as_list([next(batches)])
+    rule = {"drop": TRANSIENT["drop"], "stall": TRANSIENT["stall"], "503": TRANSIENT["503"]}[gone]
+    proxied_bucket.proxy.configure(rules=[rule])  # every request fails from now on
+    began = time.monotonic()
+    with pytest.raises(remote.RemoteReadError) as error:
+        next(batches)
+    elapsed = time.monotonic() - began
+    assert elapsed < DEAD_SECONDS, f"{elapsed:.1f} s with the store gone"
+    folder = url.rsplit("/", 1)[0]
+    assert re.search(re.escape(folder) + r"/shard_\d{3}\.npy bytes \[\d+, \d+\)", str(error.value))
+    # Back: the same batch comes again, then the rest, none lost, repeated or mixed.
+    proxied_bucket.proxy.configure()
+    delivered.extend(as_list(next(batches) for _ in range(len(expected) - 1)))
+    assert_same(delivered, expected)
+    batches.close()
+
+
+def test_a_batch_stalled_on_the_store_is_logged_once_and_again_when_it_recovers(
+    files, proxied_bucket, caplog
+):
+    local, url = files()
+    corpus = open_remote(url, **{**PATIENT, "timeout": 10.0}, stall_warning=0.5)
+    # Every range GET of the second shard waits 1.5 s: its first batch stalls, then comes.
+    proxied_bucket.proxy.configure(
+        rules=[{"action": "delay", "ms": 1500, "path": "shard_001", "ranged": True}]
+    )
+    with caplog.at_level("WARNING", logger="tokstream"):
+        assert_same(stream(corpus, shuffle=False), stream(local, shuffle=False))
+    records = [r for r in caplog.records if r.name == "tokstream"]
+    stalls = [r.getMessage() for r in records if "has waited" in r.getMessage()]
+    recoveries = [r.getMessage() for r in records if "came after" in r.getMessage()]
+    assert stalls and len(stalls) == len(recoveries), [r.getMessage() for r in records]
+    assert re.search(r"shard_001\.npy bytes \[\d+, \d+\)", stalls[0]), stalls[0]
+    assert re.search(r"waited \d+ s", stalls[0])
+
+
+def test_a_stream_that_never_stalls_logs_nothing(files, caplog):
+    local, url = files()
+    corpus = open_remote(url, **PATIENT)
+    with caplog.at_level("DEBUG", logger="tokstream"):
+        assert_same(stream(corpus), stream(local))
+    assert not [r for r in caplog.records if r.name == "tokstream"]

@@ -300,3 +300,12 @@ def test_a_split_of_mapped_files_pickles_as_files_and_offsets_not_tokens(tmp_pat
         restored = pickle.loads(pickle.dumps(part))
         assert len(pickle.dumps(part)) < 20_000 < part.num_tokens  # the tokens are 4 MB or more
         assert shards_of(restored) == shards_of(part)
+
+
+def test_a_split_that_received_no_unit_is_one_empty_shard_of_no_documents():
+    corpus = tokstream.Corpus([np.arange(100, dtype=np.uint16), np.arange(50, dtype=np.uint16)])
+    parts = tokstream.split(corpus, {"all": 1.0, "none": 1e-12}, seed=0)
+    empty = parts["none"]
+    assert empty.num_tokens == 0 and len(empty.shards) == 1
+    assert empty.document_boundaries.tolist() == [0]
+    assert parts["all"].num_tokens == 150

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import tokstream
 from tokstream import reference, stream_token_source
 
 
@@ -220,3 +221,22 @@ def test_an_elastic_resume_keeps_full_global_batches_and_cuts_the_tail_for_the_n
     np.testing.assert_array_equal(
         np.concatenate(full), np.concatenate([s for s in new_from_start if s.size == 16])
     )
+
+
+def test_rank_zeros_state_resumes_every_rank_though_its_rank_field_differs():
+    tokens = np.arange(5000, dtype=np.int64)
+    streams = [
+        tokstream.stream_token_source(tokens, 8, 4, seed=1, rank=r, world_size=3) for r in range(3)
+    ]
+    for stream in streams:
+        for _ in range(5):
+            next(stream)
+    states = [stream.state_dict() for stream in streams]
+    assert [state["rank"] for state in states] == [0, 1, 2]
+    assert all({**state, "rank": 0} == states[0] for state in states)
+    for rank, stream in enumerate(streams):
+        resumed = tokstream.stream_token_source(tokens, 8, 4, seed=1, rank=rank, world_size=3)
+        resumed.load_state_dict(states[0])
+        for _ in range(6):
+            expected, got = next(stream), next(resumed)
+            assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))

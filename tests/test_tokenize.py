@@ -368,3 +368,41 @@ def test_an_empty_document_is_skipped_in_every_kind_of_input(tmp_path, tokenizer
             [str(p) for p in inputs], str(tokenizer_file), out, document_per_file=per_file
         )
         assert documents_of(open_tokens(out)) == expected[:4], name
+
+
+#: A generous bound on tokenizing a 200 kB line at --shard-bytes 100 (seconds; encoding it is
+#: most of it), where one empty shard per --shard-bytes of it (2,000) took superlinear time.
+LONG_LINE_SECONDS = 60.0
+
+
+@pytest.mark.parametrize("kind", ["text", "jsonl", "parquet"])
+def test_a_line_longer_than_shard_bytes_is_one_shard_of_its_own(tmp_path, tokenizer_file, kind):
+    import time
+
+    long = "the quick brown fox jumps over " * 6_600  # about 200 kB on one line
+    texts = [TEXTS[0], TEXTS[1], long, TEXTS[2], long[:150], TEXTS[3]]
+    path = tmp_path / f"in.{kind if kind != 'text' else 'txt'}"
+    if kind == "text":
+        path.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    elif kind == "jsonl":
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    else:
+        pa = pytest.importorskip("pyarrow")
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": texts}), path, row_group_size=2)
+    began = time.monotonic()
+    result = tokenize_files([str(path)], str(tokenizer_file), tmp_path / "out", shard_bytes=100)
+    assert time.monotonic() - began < LONG_LINE_SECONDS
+    tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+    eos = tokenizer.token_to_id(EOS)
+    assert documents_of(open_tokens(tmp_path / "out")) == [
+        tokenizer.encode(text).ids + [eos] for text in texts
+    ]
+    # No shard without a document: each long line a shard of its own, the short ones beside.
+    counts = [
+        np.load(tmp_path / "out" / tokenized.documents_file(i)).shape[0] - 1
+        for i in range(result.shards)
+    ]
+    assert min(counts) >= 1 and sum(counts) == len(texts), counts
+    assert result.shards <= len(texts)

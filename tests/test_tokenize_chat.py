@@ -280,3 +280,38 @@ def test_a_mask_file_that_does_not_match_its_tokens_is_a_value_error_naming_it(
     damage(file)
     with pytest.raises(ValueError, match=f"loss mask {file}: {match}"):
         open_tokens(tmp_path / "out")
+
+
+def test_packed_batches_train_exactly_each_conversations_assistant_pairs(
+    tmp_path, tokenizer_dir, expected, chat_inputs
+):
+    """Every (token, label) pair a packed stream trains on, over one epoch, is a pair of one
+    conversation whose label token is masked in: the same multiset as the documents give."""
+    from collections import Counter
+
+    from tokstream import stream_token_source
+
+    tokenize_files(chat_inputs, str(tokenizer_dir), tmp_path / "out", chat=True, shard_bytes=9000)
+    corpus = open_tokens(tmp_path / "out")
+    longest = max(e.ids.shape[0] for e in expected)
+    stream = stream_token_source(
+        corpus,
+        longest,
+        4,
+        windows="packed",
+        pad=0,
+        labels_ignore_index=-100,
+        extras=("document_ids",),
+        seed=1,
+    )
+    trained: Counter = Counter()
+    for batch in stream:
+        keep = batch["labels"] != -100
+        assert np.array_equal(keep, batch["loss_mask"])
+        inputs, labels = batch["input_ids"][keep].tolist(), batch["labels"][keep].tolist()
+        trained.update(zip(inputs, labels, strict=True))
+    wanted: Counter = Counter()
+    for e in expected:
+        ids = e.ids.tolist()
+        wanted.update((ids[i], ids[i + 1]) for i in range(len(ids) - 1) if e.mask[i + 1])
+    assert trained == wanted

@@ -15,6 +15,8 @@ writes it as it goes):
   flash-attention's varlen interface;
 - ``"source"``, ``(b,)`` int64: each row's source in a :func:`tokstream.mix` mixture (its index
   in the dict of sources), written by the mixture's order;
+- ``"instance_mask"``, ``(b,)`` bool, with ``instance_filter=``: False for a row the repetition
+  filter dropped (its loss mask then all False; :mod:`tokstream._repetition`);
 - ``"origin"``, ``(b, 2)`` int64: each row's shard (its index in ``corpus.shards``; a mixture's
   shards are its sources' in order) and the offset of the row's first token in that shard (a
   packed row: its first piece's; a row of padding only: ``(-1, -1)``).
@@ -64,6 +66,8 @@ def new_buffers(options: StreamOptions, rows: int) -> dict[str, np.ndarray]:
         buffers["source"] = np.empty(rows, np.int64)
     if "origin" in options.extras:
         buffers["origin"] = np.empty((rows, 2), np.int64)
+    if options.instance_filter is not None:
+        buffers["instance_mask"] = np.empty(rows, np.bool_)
     return buffers
 
 
@@ -453,9 +457,11 @@ def assemble(
     buffers: dict[str, np.ndarray],
     extras: tuple[str, ...],
     pieces: tuple[np.ndarray, int] | None = None,
+    labels_ignore_index: int | None = None,
 ) -> Batch:
     """The batch the caller receives from filled ``buffers``; ``pieces`` its ``(cu_seqlens,
-    max_seqlen)`` when the filler found them (see :func:`fill`)."""
+    max_seqlen)`` when the filler found them (see :func:`fill`). With ``labels_ignore_index``
+    the labels hold it wherever the loss mask is False (Hugging Face's -100)."""
     if not extras:
         return buffers["input_ids"], buffers["labels"]
     batch: dict[str, np.ndarray | int] = {
@@ -466,6 +472,8 @@ def assemble(
         batch["source"] = buffers["source"]
     if "origin" in extras:
         batch["origin"] = buffers["origin"]
+    if "instance_mask" in buffers:
+        batch["instance_mask"] = buffers["instance_mask"]
     if "document_ids" in extras:
         batch["document_ids"] = buffers["document_ids"]
     positions = buffers.get("position_ids")
@@ -473,7 +481,10 @@ def assemble(
         batch["position_ids"] = positions
     if "loss_mask" in extras:
         continues = buffers["label_continues"].view(np.bool_)
-        batch["loss_mask"] = continues[:, 0] if buffers["labels"].ndim == 1 else continues
+        loss_mask = continues[:, 0] if buffers["labels"].ndim == 1 else continues
+        batch["loss_mask"] = loss_mask
+        if labels_ignore_index is not None:
+            np.copyto(buffers["labels"], labels_ignore_index, where=~loss_mask)
     if "cu_seqlens" in extras and pieces is not None:
         batch["cu_seqlens"], batch["max_seqlen"] = pieces
     elif "cu_seqlens" in extras:

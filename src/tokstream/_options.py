@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args, get_type_hints
 
 import numpy as np
 
+from tokstream._repetition import RepetitionFilter, instance_filter
 from tokstream._validate import (
     INT32_MAX,
     choice,
@@ -76,6 +77,8 @@ class StreamOptions:
     samples: int | None = None
     pad: int | None = None
     out_dtype: OutDtype = "int64"
+    labels_ignore_index: int | None = None
+    instance_filter: RepetitionFilter | None = None
 
     @classmethod
     def create(
@@ -167,6 +170,19 @@ class StreamOptions:
         output = out_dtype(values["out_dtype"])
         if output == "int32":
             _int32_checks(block, pad)
+        ignore_index = values["labels_ignore_index"]
+        if ignore_index is not None:
+            ignore_index = exact_int(ignore_index, "labels_ignore_index")
+            if not -INT32_MAX - 1 <= ignore_index <= INT32_MAX:
+                raise ValueError(
+                    f"labels_ignore_index={ignore_index} does not fit the labels' int32 or int64"
+                )
+            # The labels are written from the loss mask: the batch carries it.
+            extras = tuple(dict.fromkeys(("loss_mask", *extras)))
+        repetition = instance_filter(values["instance_filter"])
+        if repetition is not None:
+            # A filtered row's loss mask is cleared (OLMo-core's convention).
+            extras = tuple(dict.fromkeys(("loss_mask", *extras)))
         return cls(
             block=block,
             batch_size=batch_size,
@@ -187,6 +203,8 @@ class StreamOptions:
             samples=samples,
             pad=pad,
             out_dtype=output,
+            labels_ignore_index=ignore_index,
+            instance_filter=repetition,
         )
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -17,10 +18,15 @@ from typing import Any, TextIO
 PROGRESS_MIN_BYTES = 64 << 20
 #: Seconds between two looks at a file being written.
 PROGRESS_INTERVAL = 0.2
+#: Characters of the bar a terminal's status line opens with.
+BAR_WIDTH = 24
+#: The share a status message gives ("tokenize: 45.3% | ..."): the bar shows it.
+_SHARE = re.compile(r"^[^:|]*: (\d+(?:\.\d+)?)%")
 
 
 class Progress:
-    """One status line on stderr: rewritten in place on a terminal, plain lines otherwise."""
+    """One status line on stderr: rewritten in place on a terminal, opening with a bar of the
+    share the message gives; plain lines otherwise."""
 
     def __init__(self, stream: TextIO | None) -> None:
         self.stream = stream
@@ -32,6 +38,7 @@ class Progress:
         if self.stream is None:
             return
         if self.tty:
+            message = bar(message) + message
             padding = " " * max(self._width - len(message), 0)
             self.stream.write("\r" + message + padding)
             self._width = len(message)
@@ -45,6 +52,15 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
             self._width = 0
+
+
+def bar(message: str) -> str:
+    """``[#####.....] `` for the share a status message opens with, "" when it gives none."""
+    found = _SHARE.match(message)
+    if found is None:
+        return ""
+    filled = round(min(float(found.group(1)), 100.0) / 100 * BAR_WIDTH)
+    return "[" + "#" * filled + "." * (BAR_WIDTH - filled) + "] "
 
 
 class WriteWatcher:

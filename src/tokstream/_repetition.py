@@ -23,6 +23,11 @@ from tokstream._validate import exact_bool, positive_int, shown
 #: The largest period and count the kernel takes.
 LIMIT = 1 << 31
 
+#: The kernel's specialisation per batch dtype, taken once: no batch pays the fused dispatch.
+# (Cython's table of a fused function's specialisations, which the stub does not declare.)
+_SPECIALISED: dict[str, Any] = filter_repeated.__signatures__  # type: ignore[attr-defined]
+_KERNELS = {np.dtype(name): _SPECIALISED[f"{name}_t"] for name in ("int64", "int32")}
+
 
 class RepetitionFilter(NamedTuple):
     """Validated settings: runs of a period in ``[min_period, max_period]`` repeated at least
@@ -82,8 +87,7 @@ def filter_rows(
     ``labels`` are the batch's targets (next tokens or shifted windows). ``pieces``: split the
     rows where the loss mask is 0 (packed rows). Returns the rows filtered."""
     last_tokens = labels if labels.ndim == 1 else labels[:, -1]
+    kernel = _KERNELS[input_ids.dtype]
     return int(
-        filter_repeated(
-            input_ids, last_tokens, loss_mask, pieces, *settings, instance_mask.view(np.uint8)
-        )
+        kernel(input_ids, last_tokens, loss_mask, pieces, *settings, instance_mask.view(np.uint8))
     )

@@ -18,8 +18,9 @@ The formats, told apart by their content rather than by their names (:func:`dete
     file cannot say its dtype, so the reader must; uint16 by default.
 
 A directory written by ``tokstream tokenize`` opens as its shards with their documents. Each
-module of :mod:`tokstream.formats` knows one layout; this module detects, dispatches and checks;
-:mod:`tokstream.writing` writes the same formats.
+module of :mod:`tokstream.formats` knows one layout and :mod:`tokstream.formats.table` detects
+and dispatches; this module opens a manifest, URLs (:mod:`tokstream.shards.remote`) or files as
+a corpus; :mod:`tokstream.writing` writes the same formats.
 
 Every corpus :func:`open_tokens` returns is read-only and backed by memory maps (or, for an
 in-memory Arrow table, by its buffers): opening reads headers and indexes and, for uint64 tokens,
@@ -46,8 +47,6 @@ from tokstream.formats.table import detect_format as detect_format
 from tokstream.shards.url import is_url
 
 __all__ = ["detect_format", "open_tokens"]
-# ---------------------------------------------------------------------------------------------
-# Reading
 
 
 def open_tokens(

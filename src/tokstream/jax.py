@@ -91,6 +91,7 @@ class GlobalBatches(Iterator[Any]):
         self._batch_sharding, self._token_sharding = _shardings(mesh, spec, size)
         rows = _process_rows(self._batch_sharding, size, self.block)
         self.rows = rows
+        self._fully_addressable = bool(self._token_sharding.is_fully_addressable)
         if len(rows) == size:
             self._streams = [self._global]
         else:
@@ -109,20 +110,26 @@ class GlobalBatches(Iterator[Any]):
         parts = [next(stream) for stream in self._streams]
         local = parts[0] if len(parts) == 1 else _concatenate(parts)
         if isinstance(local, Mapping):
-            return {
-                name: self._global_array(value, value.ndim == 2 and name not in _ROW_ARRAYS)
-                for name, value in local.items()
-                if isinstance(value, np.ndarray)
+            arrays = {k: v for k, v in local.items() if isinstance(v, np.ndarray)}
+            tokens = {k: v.ndim == 2 and k not in _ROW_ARRAYS for k, v in arrays.items()}
+        else:
+            arrays = dict(zip(("windows", "targets"), local, strict=True))
+            tokens = {"windows": True, "targets": local[1].ndim == 2}
+        shardings = {k: self._token_sharding if tokens[k] else self._batch_sharding for k in arrays}
+        if self._fully_addressable:
+            # Every device is this process': one transfer of the whole batch. The batch is fresh
+            # memory nothing else refers to (reuse_buffers is refused), so JAX may keep it.
+            placed = jax.device_put(arrays, shardings, may_alias=True)
+        else:
+            placed = {
+                k: jax.make_array_from_process_local_data(
+                    shardings[k], v, (self.global_batch_size, *v.shape[1:])
+                )
+                for k, v in arrays.items()
             }
-        windows, targets = local
-        return self._global_array(windows, True), self._global_array(targets, targets.ndim == 2)
-
-    def _global_array(self, local: np.ndarray, tokens: bool) -> jax.Array:
-        """The global array of this process' rows ``local``: ``tokens`` (a ``(rows, block)``
-        array of the batch's positions) placed by the whole spec, anything else by rows."""
-        sharding = self._token_sharding if tokens else self._batch_sharding
-        shape = (self.global_batch_size, *local.shape[1:])
-        return jax.make_array_from_process_local_data(sharding, local, shape)
+        if isinstance(local, Mapping):
+            return placed
+        return placed["windows"], placed["targets"]
 
     def state_dict(self) -> dict[str, Any]:
         """The global stream's cursor after the last global batch: the same on every process."""

@@ -84,7 +84,7 @@ def split(
     dict
         Name -> :class:`~tokstream.Corpus` (or, for a mixture, :class:`~tokstream.Mixture`),
         in the order of ``fractions``. A split that received no unit is a corpus of one empty
-        shard.
+        shard of no documents (``document_boundaries == [0]``).
 
     Raises
     ------
@@ -231,8 +231,12 @@ def _split_corpus(
         starts, stops = unit_starts[first], unit_ends[end - 1]
         label = f"split {name!r}"
         if mine.shape[0] == 0:
+            # An empty shard of no documents (boundaries [0]), as an empty file is.
             result[name] = Corpus._from_arrays(
-                [corpus.shards[0][:0]], [f"{label} of shards[0][0:0]"], label, [None]
+                [corpus.shards[0][:0]],
+                [f"{label} of shards[0][0:0]"],
+                label,
+                [np.zeros(1, np.int64)],
             )
         elif mine.shape[0] <= LISTED_RUNS:
             runs = (shards, starts, stops, first, end)

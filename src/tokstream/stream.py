@@ -18,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from tokstream import _batch, _state, _validate
+from tokstream import _batch, _loss_masks, _state, _validate
 from tokstream._batch import Batch
 from tokstream._options import StreamOptions, expose_options, stream_signature
 from tokstream._order import warn_if_slow_draw
 from tokstream._packed import PackedMixtureSpace, PackedSpace, packed_parts
 from tokstream._prefetch import Prefetcher
 from tokstream._readahead import read_ahead
+from tokstream._repetition import filter_rows
 from tokstream._space import WindowSpace, window_space
 from tokstream._state import Cursor
 from tokstream.corpus import Corpus
@@ -82,6 +83,8 @@ class TokenStream(Iterator[Batch]):
             self._space = window_space(corpus, options)
             self._order = window_order(source, self._space, options)
         self._fill = _batch.filler(self._space, options)
+        # The corpus's recorded loss masks, copied by a fill of their own beside the batch's.
+        self._mask_fill = _loss_masks.mask_fill(source, options)
         corpus.advise(options.shuffle)
         self._readahead = read_ahead(self._order, self._space, options, self._fill.residency)
         self._lock = threading.Lock()
@@ -100,6 +103,8 @@ class TokenStream(Iterator[Batch]):
         # (a loaded cursor, the next epoch's it moved to) when the loaded one had no batch left
         # under this shape: state_dict() reports the loaded one until a batch is handed out.
         self._moved: tuple[Cursor, Cursor] | None = None
+        # Rows handed out and rows of them the repetition filter dropped (see stats()).
+        self._delivered_rows = self._filtered_rows = 0
 
     # ------------------------------------------------------------------ read-only attributes
 
@@ -155,7 +160,7 @@ class TokenStream(Iterator[Batch]):
     def __next__(self) -> Batch:
         if not self._options.prefetch:
             with self._lock:
-                return self._produce()
+                return self._count(self._produce())
         with self._deliver_lock:
             if self._closed:
                 raise StopIteration
@@ -174,7 +179,26 @@ class TokenStream(Iterator[Batch]):
                     on_fork=TokenStream._after_fork,
                 )
             batch, self._delivered = prefetcher.get()
-            return batch
+            return self._count(batch)
+
+    def _count(self, batch: Batch) -> Batch:
+        """Count a batch handed out (and the rows the repetition filter dropped of it)."""
+        if isinstance(batch, dict):
+            inputs, kept = batch["input_ids"], batch.get("instance_mask")
+            if isinstance(kept, np.ndarray):
+                self._filtered_rows += kept.shape[0] - int(np.count_nonzero(kept))
+        else:
+            inputs = batch[0]
+        assert isinstance(inputs, np.ndarray)
+        self._delivered_rows += inputs.shape[0]
+        return batch
+
+    def stats(self) -> dict[str, int]:
+        """What this stream object has handed out: ``{"samples": rows, "filtered": rows the
+        repetition filter dropped}`` (``instance_filter=``; 0 without it), counted since it was
+        made (a loaded state or a seek does not reset them; batches assembled ahead by a
+        prefetch thread count once handed out)."""
+        return {"samples": self._delivered_rows, "filtered": self._filtered_rows}
 
     def _produce_ahead(self, prefetcher: Prefetcher) -> tuple[Batch, tuple[Cursor, int]]:
         with self._lock:
@@ -222,8 +246,19 @@ class TokenStream(Iterator[Batch]):
                 else self._fresh.take_named(count)
             )
             pieces = _batch.fill(self._fill, windows_index, buffers, "cu_seqlens" in options.extras)
+            if self._mask_fill is not None:
+                _loss_masks.apply(self._mask_fill, windows_index, buffers)
             order.fill_extras(windows_index, buffers)
-            batch = _batch.assemble(buffers, options.extras, pieces)
+            if options.instance_filter is not None:
+                filter_rows(
+                    options.instance_filter,
+                    buffers["input_ids"],
+                    buffers["labels"],
+                    buffers["label_continues"],
+                    options.windows == "packed",
+                    buffers["instance_mask"],
+                )
+            batch = _batch.assemble(buffers, options.extras, pieces, options.labels_ignore_index)
         else:
             # The plain batch, without the buffer bookkeeping (the fixed cost small batches feel).
             if options.reuse_buffers:
@@ -483,6 +518,17 @@ def stream_token_source(token_ids: Any, block: int, batch_size: int, **options: 
     out_dtype
         ``"int64"`` (default) or ``"int32"``: the dtype of windows, targets and position ids,
         written by the copy itself; a batch holding a token int32 cannot hold raises ValueError.
+    instance_filter
+        OLMo-core's repetition filter: ``True`` (its defaults, ``min_period=1, max_period=13,
+        max_count=32``) or a dict of some of them. A row holding a unit of a period in
+        ``[min_period, max_period]`` repeated ``max_count`` times in a row (in its window and
+        the target after it; in packed rows, in one of its documents' pieces) keeps its place
+        with its loss mask all False, and the batch's ``"instance_mask"`` is False for it;
+        :meth:`TokenStream.stats` counts such rows.
+    labels_ignore_index
+        Written into ``"labels"`` wherever the loss mask is False (``-100``: what a Hugging
+        Face causal LM's loss ignores), so that a batch goes into ``model(**batch)`` as it is;
+        the batch carries ``"loss_mask"`` too. None (default): labels are tokens.
 
     Returns
     -------

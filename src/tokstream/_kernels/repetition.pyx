@@ -7,9 +7,10 @@ where ``t[i] == t[i - p]`` holding an aligned block of ``p`` such ``i``; a stret
 of them spans ``m + p`` tokens and is reported ``floor(m / p) + 1`` times. So a sample is
 filtered exactly when, for some ``p``, ``t[i] == t[i - p]`` holds for ``(T - 1) p`` consecutive
 ``i`` with ``T = max(max_count, 3)`` (such a stretch always holds an aligned block). This module
-finds such a stretch by looking at every ``(T - 1) p``-th ``i`` only (every stretch that long
-holds one of them) and measuring the stretch around a hit, so a sample of ``n`` tokens costs
-about ``n / (T - 1)`` comparisons per period unless it repeats. ``tests/test_repetition.py``
+finds such a stretch by looking at every ``(T - 1) min_period``-th ``i`` only (every stretch that
+long holds one of them), there against every period at once, and measuring the stretch around a
+hit, so a sample of ``n`` tokens costs about ``n / (T - 1)`` short vectorised passes unless it
+repeats. ``tests/test_repetition.py``
 holds it to OLMo-core's own function.
 
 Nothing here allocates; the Python side (``tokstream._repetition``) validates the periods and
@@ -32,35 +33,59 @@ cdef inline int64_t _token(const out_t *row, out_t last, Py_ssize_t block, Py_ss
     return <int64_t>last
 
 
+cdef inline bint _stretch(
+    const out_t *row, out_t last, Py_ssize_t block, Py_ssize_t first, Py_ssize_t length,
+    Py_ssize_t p, Py_ssize_t i, Py_ssize_t span,
+) noexcept nogil:
+    # Whether the stretch of t[j] == t[j - p] (p <= j < length, relative to ``first``) around
+    # i, where it holds, is at least ``span`` long. Every slot read lies in the piece.
+    cdef Py_ssize_t low = i, high = i + 1
+    while low > p and _token(row, last, block, first + low - 1) == _token(
+        row, last, block, first + low - 1 - p
+    ):
+        low -= 1
+    while high < length and high - low < span and _token(
+        row, last, block, first + high
+    ) == _token(row, last, block, first + high - p):
+        high += 1
+    return high - low >= span
+
+
 cdef inline bint _repeats(
     const out_t *row, out_t last, Py_ssize_t block, Py_ssize_t first, Py_ssize_t length,
     Py_ssize_t min_period, Py_ssize_t max_period, Py_ssize_t least,
 ) noexcept nogil:
     # Whether slots [first, first + length) hold, for some period p, ``least * p`` consecutive
-    # i (relative to ``first``, i >= p) with t[i] == t[i - p]. Every slot read lies in the piece.
-    cdef Py_ssize_t p, span, i, low, high
+    # i (relative to ``first``, i >= p) with t[i] == t[i - p]. Such a stretch holds some
+    # i = k span - 1 (span = least * p, k >= 1): those i are compared first in a branch-free
+    # pass (independent loads, no mispredictions), and only a period with a match is walked
+    # again, each match's stretch measured.
+    cdef Py_ssize_t p, i, span, end
+    cdef const out_t *slots
+    cdef bint hit
     for p in range(min_period, max_period + 1):
         span = least * p
         if span + p > length:
             # Periods ascend: no longer one fits either.
             return False
-        # Every stretch of span such i inside [p, length) holds one i = p - 1 + k span, k >= 1.
-        i = p - 1 + span
+        # The i below the window's end compare within ``row``; the last slot (block) apart.
+        end = length if first + length <= block else block - first
+        slots = row + first
+        hit = False
+        i = span - 1
+        while i < end:
+            hit |= slots[i] == slots[i - p]
+            i += span
+        if end < length and length % span == 0:
+            # The last slot (the row's last target, beyond ``row``) is one of the i.
+            hit |= <int64_t>last == <int64_t>slots[length - 1 - p]
+        if not hit:
+            continue
+        i = span - 1
         while i < length:
             if _token(row, last, block, first + i) == _token(row, last, block, first + i - p):
-                low = i
-                while low > p and _token(row, last, block, first + low - 1) == _token(
-                    row, last, block, first + low - 1 - p
-                ):
-                    low -= 1
-                high = i + 1
-                while high < length and high - low < span and _token(
-                    row, last, block, first + high
-                ) == _token(row, last, block, first + high - p):
-                    high += 1
-                if high - low >= span:
+                if _stretch(row, last, block, first, length, p, i, span):
                     return True
-                # The stretch ended before the next i looked at (high <= i + span).
             i += span
     return False
 

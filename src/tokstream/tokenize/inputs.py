@@ -65,6 +65,20 @@ def splittable(path: Path, document_per_file: bool) -> bool:
     )
 
 
+def line_start(path: Path, offset: int) -> int:
+    """The first byte at or after ``offset`` (at least 1) that begins a line of ``path``, or
+    its size: where a range of whole lines may end. Reads only up to the next newline."""
+    with open(path, "rb") as f:
+        f.seek(offset - 1)
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                return f.tell()
+            at = chunk.find(b"\n")
+            if at >= 0:
+                return f.tell() - len(chunk) + at + 1
+
+
 def check_chat_input(path: Path) -> None:
     """A ``--chat`` input must be JSON Lines or Parquet: a ValueError naming a text file."""
     if input_kind(path) == "text":
@@ -238,12 +252,15 @@ def _parquet_documents(
             column = column.slice(max(start - first, 0), min(end, first + rows) - max(start, first))
             if column.null_count:
                 raise ValueError(f"input {path}: column {field!r} has null rows")
-            done = int((min(end, first + rows) - start) * row_bytes)
+            at = max(start, first)
+            # Each row's share of the file as it is read, not the row group's at once.
             if chat:
-                at = max(start, first)
                 for i, messages in enumerate(column.to_pylist()):
                     where = partial(str, f"input {path}, row {at + i}")
+                    done = int((at + i + 1 - start) * row_bytes)
                     yield Conversation({MESSAGES: messages}, where), done
             else:
-                yield from ((text, done) for text in column.to_pylist() if text)
+                for i, text in enumerate(column.to_pylist()):
+                    if text:
+                        yield text, int((at + i + 1 - start) * row_bytes)
         first += rows

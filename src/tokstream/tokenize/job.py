@@ -276,8 +276,9 @@ def _run(
             show(False)
 
     show(True)
-    # The largest ranges first (they are all about shard_bytes but for a file never cut and the
-    # last), so that the job does not end waiting on a large one started last.
+    # The largest ranges first (they are all about shard_bytes but for a file never cut, a line
+    # longer than shard_bytes and the last), so that the job does not end waiting on a large
+    # one started last.
     remaining = sorted((t for t in todo if t.index not in out.finished), key=lambda t: -t.size)
     try:
         for made, entry in runner(remaining, report):

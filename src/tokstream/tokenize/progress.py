@@ -14,8 +14,9 @@ import collections
 import time
 from collections.abc import Callable
 
-#: Seconds between two milestone lines when no shard is written in between.
-LOG_SECONDS = 30.0
+#: Seconds between two milestone lines when no shard is written in between: a log shows the
+#: job moving, not one line at the start and the next when a shard of minutes is written.
+LOG_SECONDS = 10.0
 #: Seconds over which the rate (and so the ETA) is measured.
 RATE_SECONDS = 30.0
 
@@ -29,7 +30,7 @@ class Meter:
     def __init__(self, callback: Callback | None, total_bytes: int) -> None:
         self.callback = callback
         self.total_bytes = max(total_bytes, 1)
-        self._samples: collections.deque[tuple[float, int, int]] = collections.deque()
+        self._samples: collections.deque[tuple[float, int, int, int]] = collections.deque()
         self._last_line = -float("inf")
 
     def update(
@@ -40,10 +41,10 @@ class Meter:
             return
         now = time.monotonic()
         samples = self._samples
-        samples.append((now, position, tokens))
+        samples.append((now, position, tokens, documents))
         while len(samples) > 2 and now - samples[1][0] >= RATE_SECONDS:
             samples.popleft()
-        then, then_position, then_tokens = samples[0]
+        then, then_position, then_tokens, then_documents = samples[0]
         elapsed = now - then
         parts = [
             f"tokenize: {min(position / self.total_bytes, 1.0):.1%}",
@@ -52,7 +53,8 @@ class Meter:
         if elapsed > 0:
             rate = (position - then_position) / elapsed
             parts.append(
-                f"{rate / 1e6:,.1f} MB/s, {(tokens - then_tokens) / elapsed:,.0f} tokens/s"
+                f"{rate / 1e6:,.1f} MB/s, {(documents - then_documents) / elapsed:,.0f} "
+                f"documents/s, {(tokens - then_tokens) / elapsed:,.0f} tokens/s"
             )
             if rate > 0:
                 parts.append(f"ETA {_duration((self.total_bytes - position) / rate)}")

@@ -31,6 +31,7 @@ from tokstream.tokenize.inputs import (
     MESSAGES,
     Conversation,
     input_kind,
+    line_start,
     parquet_rows,
     read_span,
     splittable,
@@ -84,7 +85,10 @@ def plan(
     """The ranges of ``paths``, in input order: each a list of spans and its size in bytes.
 
     A range closes once it holds ``shard_bytes``; a file that is never cut starts a range of
-    its own when it does not fit in the current one. Empty files hold no span.
+    its own when it does not fit in the current one, and so does a line (a file of a document
+    per line is cut only where a line begins): a line longer than ``shard_bytes`` is one range
+    of its own, never one per ``shard_bytes`` of it. So every range holds a document's first
+    byte (or row). Empty files hold no span.
     """
     ranges: list[tuple[list[Span], int]] = []
     spans: list[Span] = []
@@ -114,8 +118,15 @@ def plan(
         start = 0
         while start < units:
             room = shard_bytes - size
-            take = room if rows is None else max(room * rows // max(file_bytes, 1), 1)
-            end = min(start + take, units)
+            if rows is None:
+                first_line = line_start(path, start + 1)
+                if spans and first_line - start > room:
+                    close()  # the line does not fit beside the range's documents
+                    continue
+                end = min(start + room, units)
+                end = max(first_line, line_start(path, end) if end < units else end)
+            else:
+                end = min(start + max(room * rows // max(file_bytes, 1), 1), units)
             spans.append([index, start, end])
             size += end - start if rows is None else (end - start) * file_bytes // rows
             start = end

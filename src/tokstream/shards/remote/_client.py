@@ -62,6 +62,10 @@ class RemoteOptions:
         Without ``cache_max_bytes`` the files grow up to the objects' sizes and are shared by
         every process using the directory (DataLoader workers). None (the default): fetched
         bytes are held in anonymous memory, within ``cache_max_bytes``.
+    stall_warning
+        Seconds a batch may wait on its byte ranges before a warning is logged (logger
+        ``tokstream``) naming an object and byte range still awaited and how long the batch has
+        waited; another says when the batch's bytes came after all.
     cache_max_bytes
         The most bytes of fetched tokens kept for later reads (counted in whole pages), least
         recently used out first, whole extents at a time. Bytes a batch being copied or a read
@@ -79,6 +83,7 @@ class RemoteOptions:
     max_backoff: float = 2.0
     cache_dir: str | None = None
     cache_max_bytes: int | None = None
+    stall_warning: float = 30.0
 
     def __post_init__(self) -> None:
         if type(self.max_in_flight) is not int:
@@ -87,7 +92,7 @@ class RemoteOptions:
             )
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {self.max_in_flight}")
-        for name in ("timeout", "deadline", "backoff", "max_backoff"):
+        for name in ("timeout", "deadline", "backoff", "max_backoff", "stall_warning"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
@@ -225,11 +230,18 @@ class Client:
         return await retrying(listing, f"{self.url(folder)}/* (a listing)", self.options)
 
     async def read_range(
-        self, key: str, start: int, end: int, etag: str | None = None, size: int | None = None
+        self,
+        key: str,
+        start: int,
+        end: int,
+        etag: str | None = None,
+        size: int | None = None,
+        since: float | None = None,
     ) -> bytes | memoryview:
         """Bytes ``[start, end)`` of the version of the object whose ETag is ``etag`` and
-        whose size is ``size`` (either None: not checked), retried until the deadline; a short
-        answer is retried too, another version is a :class:`RemoteChangedError` at once."""
+        whose size is ``size`` (either None: not checked), retried until the deadline (counted
+        from ``since``, a :func:`time.monotonic` time, when given); a short answer is retried
+        too, another version is a :class:`RemoteChangedError` at once."""
         obstore = require()
         what = f"{self.url(key)} bytes [{start}, {end})"
         options = _version(etag)
@@ -328,8 +340,12 @@ def _permanent(error: BaseException) -> bool:
     )
 
 
-async def retrying(call: Callable[[], Awaitable[T]], what: str, options: RemoteOptions) -> T:
-    """``await call()``, retried with exponential backoff and jitter until ``options.deadline``.
+async def retrying(
+    call: Callable[[], Awaitable[T]], what: str, options: RemoteOptions, since: float | None = None
+) -> T:
+    """``await call()``, retried with exponential backoff and jitter until ``options.deadline``
+    seconds after ``since`` (a :func:`time.monotonic` time: when the request was asked for, so
+    that time spent queued for a slot counts; by default now). It is tried at least once.
 
     Raises :class:`RemoteReadError` naming ``what`` (the object and range) with the last error;
     at once, with no retry, what can never succeed: :class:`RemoteNotFoundError` for a missing
@@ -339,7 +355,7 @@ async def retrying(call: Callable[[], Awaitable[T]], what: str, options: RemoteO
     succeed later is retried: 5xx answers, 408 and 429, dropped, short or stalled answers.
     Cancellation passes through.
     """
-    first = time.monotonic()
+    first = time.monotonic() if since is None else since
     wait = options.backoff
     attempts = 0
     while True:

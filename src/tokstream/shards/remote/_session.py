@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -60,6 +62,9 @@ def _used_in_this_process() -> None:
         _client_pid = os.getpid()
 
 
+#: Where a batch stalled on object storage is told (and its recovery).
+LOG = logging.getLogger("tokstream")
+
 #: Ranges fetched ahead but never consumed (a stream that jumped) are forgotten past this many.
 _MAX_PENDING = 1 << 20
 
@@ -82,6 +87,8 @@ class Session:
         # named the new one's absent bytes present.
         self._pending: dict[tuple[ObjectBytes, int, int], list[Any]] = {}
         self._semaphores: dict[int, asyncio.Semaphore] = {}
+        # The ranges being fetched now (sent or retried), with when their first attempt began.
+        self._in_flight: dict[Request, float] = {}
         #: Bytes and GETs fetched so far (ranges as sent, after coalescing).
         self.bytes_fetched = 0
         self.requests = 0
@@ -125,8 +132,11 @@ class Session:
         there: release it once the kernel call reading them has returned.
 
         Raises :class:`~tokstream.shards.remote._client.RemoteReadError` (naming the object and
-        range) when a fetch failed past its deadline; nothing is then reported present, so a later
-        call fetches again.
+        range) as soon as one of the ranges fails past its deadline (counted from when the range
+        was asked for, so that time queued for a slot counts), cancelling every fetch of the
+        session still in flight: with the store gone, the error comes after about one deadline,
+        not one per ``max_in_flight`` ranges in a row. Nothing is then reported present, so a
+        later call fetches again.
         """
         # Pinned before presence is looked at: nothing found present is evicted after.
         pin = self.cache.pin(requests)
@@ -143,7 +153,13 @@ class Session:
             futures = self._schedule(requests, ahead=0)
             if not futures:
                 return
-            concurrent.futures.wait(futures)
+            self._wait_warning_of_stalls(futures, requests)
+            failed = next((f for f in futures if _failed(f) and not f.cancelled()), None)
+            if failed is not None:
+                self._cancel_pending()
+                error = failed.exception()
+                assert error is not None
+                raise error
             taken = []
             with self._lock:
                 for key in keys:
@@ -157,12 +173,60 @@ class Session:
             for entry in taken:
                 entry[1].release()  # the caller's pin holds the bytes from here on
             if not any(future.cancelled() for future in futures):
-                break
-            # Cancelled by close() (another stream over the same corpus closed): fetch again.
-        for future in futures:
-            error = future.exception()
-            if error is not None:
-                raise error
+                return
+            # Cancelled by close() (another stream over the same corpus closed) or by another
+            # batch's failure: fetch again.
+
+    def _wait_warning_of_stalls(
+        self, futures: list[concurrent.futures.Future[None]], requests: Sequence[Request]
+    ) -> None:
+        """Wait until every future is done or one failed; past ``options.stall_warning``
+        seconds, log a warning naming a range still awaited, and another once they are done."""
+        first = concurrent.futures.FIRST_EXCEPTION
+        began = time.monotonic()
+        _, waiting = concurrent.futures.wait(futures, self.options.stall_warning, first)
+        if not waiting:
+            return
+        wanted: dict[ObjectBytes, list[tuple[int, int]]] = {}
+        for obj, start, end in requests:
+            wanted.setdefault(obj, []).append((start, end))
+        with self._lock:
+            # The GETs in flight (or retried) for this batch's ranges, the longest running first.
+            stalled = sorted(
+                (since, obj, start, end)
+                for (obj, start, end), since in self._in_flight.items()
+                if any(a < end and start < b for a, b in wanted.get(obj, ()))
+            )
+        obj, start, end = stalled[0][1:] if stalled else requests[0]
+        LOG.warning(
+            "a batch has waited %.0f s on object storage for %d requests, the longest running "
+            "for %s bytes [%d, %d); still retrying (deadline %g s)",
+            time.monotonic() - began,
+            len(stalled),
+            obj.url,
+            start,
+            end,
+            self.options.deadline,
+        )
+        concurrent.futures.wait(futures, return_when=first)
+        if not any(_failed(future) for future in futures):
+            LOG.warning(
+                "the batch's byte ranges came after %.0f s (%s bytes [%d, %d) among them)",
+                time.monotonic() - began,
+                obj.url,
+                start,
+                end,
+            )
+
+    def _cancel_pending(self) -> None:
+        """Cancel every fetch in flight and forget every range pending (a range failed for
+        good: the others are not worth waiting for, and would keep the store's slots)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for future in {id(entry[0]): entry[0] for entry in pending.values()}.values():
+            future.cancel()
+        for entry in pending.values():
+            entry[1].release()
 
     def _schedule(
         self,
@@ -199,7 +263,8 @@ class Session:
                     spans.append((obj, *span))
         if spans:
             before = [f for f in after if not f.done()]
-            future = self._loop.submit(self._fetch_all(coalesce(spans), before))
+            since = time.monotonic()
+            future = self._loop.submit(self._fetch_all(coalesce(spans), since, before))
             with self._lock:
                 if len(self._pending) > _MAX_PENDING:
                     kept = {k: e for k, e in self._pending.items() if not e[0].done()}
@@ -216,8 +281,13 @@ class Session:
         return list(waits.values())
 
     async def _fetch_all(
-        self, ranges: list[Request], after: Sequence[concurrent.futures.Future[None]] = ()
+        self,
+        ranges: list[Request],
+        since: float,
+        after: Sequence[concurrent.futures.Future[None]] = (),
     ) -> None:
+        """Fetch every range (asked for at ``since``, after ``after`` are done); the first
+        failure cancels the others and is raised."""
         if after:  # done or failed alike: these requests wait for them, not on their results
             waited = [asyncio.wrap_future(f) for f in after]
             for future in waited:
@@ -225,20 +295,34 @@ class Session:
                 # "exception never retrieved" is logged from wherever the copies are collected.
                 future.add_done_callback(_taken)
             await asyncio.wait(waited)
-        results = await asyncio.gather(
-            *(self._fetch_one(*request) for request in ranges), return_exceptions=True
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        tasks = [asyncio.ensure_future(self._fetch_one(*request, since)) for request in ranges]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for task in tasks:
+                task.cancel()  # nothing for those done
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in tasks:
+            error = None if task.cancelled() else task.exception()
+            if error is not None:
+                raise error
 
-    async def _fetch_one(self, obj: ObjectBytes, start: int, end: int) -> None:
+    async def _fetch_one(self, obj: ObjectBytes, start: int, end: int, since: float) -> None:
         loop_id = id(asyncio.get_running_loop())
         semaphore = self._semaphores.get(loop_id)
         if semaphore is None:
             semaphore = self._semaphores[loop_id] = asyncio.Semaphore(self.options.max_in_flight)
         async with semaphore:
-            data = await self.client(obj.root).read_range(obj.key, start, end, obj.etag, obj.size)
+            request = (obj, start, end)
+            with self._lock:
+                self._in_flight[request] = time.monotonic()
+            try:
+                data = await self.client(obj.root).read_range(
+                    obj.key, start, end, obj.etag, obj.size, since
+                )
+            finally:
+                with self._lock:
+                    self._in_flight.pop(request, None)
         obj.write(start, data)
         self.bytes_fetched += end - start
         self.requests += 1
