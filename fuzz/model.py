@@ -34,6 +34,7 @@ EXTRA_ARGS = (
     "windows",
     "extras",
     "out_dtype",
+    "instance_filter",
 )
 DEFAULTS = {
     "epochs": 1,
@@ -51,6 +52,7 @@ DEFAULTS = {
     "windows": "cross",
     "extras": (),
     "out_dtype": "int64",
+    "instance_filter": None,
 }
 # Rounds of the implicit permutation's network (tokstream.stream).
 IMPLICIT_ROUNDS = 6
@@ -238,7 +240,61 @@ def model_call(tokens: Any, kwargs: dict[str, Any]) -> tuple[list[np.ndarray], d
     controls["out_dtype"] = model_out_dtype(args["out_dtype"])
     if controls["out_dtype"] == "int32" and controls["block"] > 2**31:
         raise Rejected(ValueError, "out_dtype")
+    # The repetition filter: a row's loss mask is cleared, so the batch carries one.
+    controls["instance_filter"] = model_instance_filter(args["instance_filter"])
+    if controls["instance_filter"] is not None and "loss_mask" not in controls["extras"]:
+        controls["extras"] = ("loss_mask", *controls["extras"])
     return shards, controls
+
+
+def model_instance_filter(value: Any) -> tuple[int, int, int] | None:
+    """``(min_period, max_period, max_count)``: True gives OLMo-core's (1, 13, 32), a dict
+    some of them (each an int in [1, 2**31]), None and False no filter."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return (1, 13, 32) if value else None
+    if not isinstance(value, dict):
+        raise Rejected(TypeError, "instance_filter")
+    names = ("min_period", "max_period", "max_count")
+    if any(key not in names for key in value):
+        raise Rejected(ValueError, "instance_filter")
+    settings = dict(zip(names, (1, 13, 32), strict=True))
+    for name in names:
+        if name in value:
+            settings[name] = model_ranged(value[name], f"instance_filter[{name!r}]", 1, 2**31)
+    if settings["max_period"] < settings["min_period"]:
+        raise Rejected(ValueError, "instance_filter")
+    return settings["min_period"], settings["max_period"], settings["max_count"]
+
+
+def model_repeats(tokens: list[int], settings: tuple[int, int, int]) -> bool:
+    """Whether some ``p`` in ``[min_period, max_period]`` has a unit of ``p`` tokens repeated
+    ``max(max_count, 3)`` times in a row in ``tokens`` (OLMo-core reports no run of fewer than
+    three), looked for start by start."""
+    low, high, count = settings
+    times = max(count, 3)
+    for p in range(low, high + 1):
+        for start in range(len(tokens) - times * p + 1):
+            if all(tokens[start + j] == tokens[start + j % p] for j in range(times * p)):
+                return True
+    return False
+
+
+def filtered(batch: dict[str, Any], windows, after, c: dict[str, Any]) -> dict[str, Any]:
+    """A window batch with the repetition filter: rows whose window and target hold a run keep
+    their place, their loss mask cleared and their ``"instance_mask"`` False."""
+    last = after if after.ndim == 1 else after[:, -1]
+    kept = np.array(
+        [
+            not model_repeats([*map(int, row), int(end)], c["instance_filter"])
+            for row, end in zip(windows, last, strict=True)
+        ],
+        dtype=bool,
+    ).reshape(-1)
+    mask = batch["loss_mask"].copy()
+    mask[~kept] = False
+    return {**batch, "loss_mask": mask, "instance_mask": kept}
 
 
 def model_out_dtype(value: Any) -> str:
@@ -488,12 +544,12 @@ def _model_windows(shards, segments, offsets, c, indices):
         else:
             after.append(tokens[local + 1 : local + block + 1])
     batch = np.array(windows, dtype=np.int64), np.array(after, dtype=np.int64)
-    return in_out_dtype(
-        with_extras(*batch, np.array(ends, bool).reshape(-1, block + 1), c)
-        if c["extras"]
-        else batch,
-        c,
-    )
+    if not c["extras"]:
+        return in_out_dtype(batch, c)
+    extras = with_extras(*batch, np.array(ends, bool).reshape(-1, block + 1), c)
+    if c.get("instance_filter") is not None:
+        extras = filtered(extras, *batch, c)
+    return in_out_dtype(extras, c)
 
 
 def model_length(shards, c) -> int:

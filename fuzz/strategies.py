@@ -243,6 +243,13 @@ def call_kwargs(draw) -> dict[str, Any]:
                 + [np.int32, "int33"]
             )
         ),
+        "instance_filter": control(
+            st.sampled_from(
+                [True, False, None, {"max_count": 3}, {"max_period": 2, "max_count": 4}]
+                + [{"min_period": 2, "max_period": 3, "max_count": 5}, {"max_period": 0}]
+                + [{"min_period": 4, "max_period": 3}, {"periods": 2}, [1, 13, 32]]
+            )
+        ),
     }
     for name, strategy in optional.items():
         if draw(st.booleans()):
