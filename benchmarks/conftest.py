@@ -3,11 +3,11 @@
 Each case times one *side* (tokstream, or what it is compared with: the reference, the best
 NumPy gather, a plain C loop, a peer library, the device) with pytest-benchmark, in a *group*
 that holds every side of one comparison; the first batch (or output) of each side is checked
-identical to the reference's or tokstream's before anything is timed. After pytest-benchmark's
+identical to the reference's or tokstream's before anything is timed. Beside pytest-benchmark's
 own tables a summary prints, per group, each side's median rate and tokstream's ratio to every
 other side, all from the same run (``docs/benchmarks.md``).
 
-    pytest benchmarks/ --benchmark-only                  # a few minutes on 2 cores
+    pytest benchmarks/ --benchmark-only                  # minutes; -k picks a part
     pytest benchmarks/test_gather.py --benchmark-only -k "8x4096"
     pytest benchmarks/ --benchmark-only --bench-large    # also the multi-GB and long cases
     pytest benchmarks/ --benchmark-disable --bench-tiny  # every case once, tiny (CI's smoke run)
@@ -368,7 +368,6 @@ def _group_lines(group: str, sides: dict[str, Side], subject: str, notes: list[s
     return lines + [f"  {note}" for note in notes]
 
 
-@pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """Per group: each side's median rate and the subject's ratio to every other side."""
     if not _RESULTS.sides:  # nothing timed (--benchmark-disable)

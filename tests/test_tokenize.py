@@ -406,3 +406,10 @@ def test_a_line_longer_than_shard_bytes_is_one_shard_of_its_own(tmp_path, tokeni
     ]
     assert min(counts) >= 1 and sum(counts) == len(texts), counts
     assert result.shards <= len(texts)
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/data/*.jsonl", "gs://bucket/a.txt"])
+def test_an_input_in_object_storage_is_a_value_error_naming_it(tmp_path, tokenizer_file, url):
+    with pytest.raises(ValueError, match="tokenize reads local files") as error:
+        tokenize_files([url], str(tokenizer_file), tmp_path / "out")
+    assert url in str(error.value)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tokstream.formats import arrow, table
+from tokstream.shards.remote import is_url
 
 #: The JSON field and Parquet column a conversation's messages are in (``--chat``).
 MESSAGES = "messages"
@@ -37,6 +38,12 @@ def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """Each input as a file, or a pattern's sorted matches, in the order given."""
     if isinstance(inputs, (str, os.PathLike)) or not inputs:
         raise TypeError("inputs must be a nonempty list of paths or patterns")
+    for item in inputs:
+        if is_url(item):
+            raise ValueError(
+                f"input {item!r}: tokenize reads local files (every worker opens its inputs by "
+                "path), not object storage; copy the objects to a local or shared filesystem"
+            )
     paths = [path for item in inputs for path in table.expand_pattern(item)]
     for path in paths:
         if not path.is_file():
