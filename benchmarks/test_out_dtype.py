@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tokstream import Corpus, _batch, stream_token_source
+from tokstream import Corpus, stream_token_source
 from tokstream.bench import _loop
 from tokstream.bench.baselines import best_c_loop_distance
 from tokstream.packing import Packing
@@ -211,12 +211,12 @@ def test_out_dtype(measure, settings, documents_corpus, dtype, shape, case, what
 
 def bookkeeping(stream: Any, batches: int, monkeypatch: pytest.MonkeyPatch) -> float:
     """CPU microseconds a batch of ``stream``'s own work with the copy left out: ``next()``
-    with the batch filler replaced by one that writes nothing and reports two pieces (so that
+    with the plan's fill replaced by one that writes nothing and reports two pieces (so that
     no position ids are read back)."""
     block = stream.options.block
     pieces = (np.array([0, 1, block], np.int32), block - 1)
     with monkeypatch.context() as patch:
-        patch.setattr(_batch, "fill", lambda *args: pieces)
+        patch.setattr(stream._fill, "into", lambda *args: pieces)
         start = time.process_time()
         for _ in range(batches):
             next(stream)
